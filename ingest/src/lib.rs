@@ -1,0 +1,23 @@
+//! docent's ingest pipeline: **load → split → embed → store**.
+//!
+//! Each stage is one module with a small interface:
+//!
+//! | stage | module | main type |
+//! |---|---|---|
+//! | load  | [`load`]  | [`load::Document`] from a file on disk |
+//! | split | [`split`] | [`split::Splitter`]: token-aware chunks with byte spans |
+//! | embed | [`embed`] | [`embed::Embedder`]: dense (ONNX via fastembed) + BM25 sparse vectors |
+//! | store | [`store`] | [`store::Store`]: the embedded Qdrant engine (qdrant-edge) |
+//!
+//! [`pipeline::Ingestor`] is the one place that knows the order of the stages; the CLI
+//! and the HTTP service both call it. The query path reuses [`embed::Embedder`] and
+//! [`store::Store`] and never re-implements them.
+
+pub mod embed;
+pub mod error;
+pub mod load;
+pub mod pipeline;
+pub mod split;
+pub mod store;
+
+pub use error::{Error, Result};

@@ -1,0 +1,154 @@
+//! The ingest pipeline: the one place that knows the order **load → split → embed → store**.
+//! The CLI and the HTTP service both call [`Ingestor`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tracing::{info, info_span, warn};
+
+use crate::embed::Embedder;
+use crate::load::{self, Document};
+use crate::split::Splitter;
+use crate::store::{ChunkPayload, Span, Store};
+use crate::Result;
+
+/// What happened to one document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// New or changed content was written; older versions of the same source removed.
+    Ingested { document_id: String, chunks: usize },
+    /// This exact content is already in the index.
+    Unchanged { document_id: String },
+}
+
+/// Summary of one ingest run.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub ingested: Vec<(String, Outcome)>,
+    pub unchanged: Vec<(String, Outcome)>,
+    pub failed: Vec<(PathBuf, String)>,
+}
+
+impl Report {
+    pub fn chunks_written(&self) -> usize {
+        self.ingested
+            .iter()
+            .map(|(_, o)| match o {
+                Outcome::Ingested { chunks, .. } => *chunks,
+                Outcome::Unchanged { .. } => 0,
+            })
+            .sum()
+    }
+}
+
+/// Progress notifications, so the CLI can draw a bar and the service can track jobs.
+pub trait Progress: Send + Sync {
+    fn start(&self, _files: usize) {}
+    fn file_done(&self, _path: &Path, _result: &std::result::Result<Outcome, String>) {}
+}
+
+/// No progress output.
+pub struct Silent;
+impl Progress for Silent {}
+
+pub struct Ingestor {
+    splitter: Splitter,
+    embedder: Arc<Embedder>,
+    store: Arc<Store>,
+}
+
+impl Ingestor {
+    pub fn new(splitter: Splitter, embedder: Arc<Embedder>, store: Arc<Store>) -> Self {
+        Ingestor {
+            splitter,
+            embedder,
+            store,
+        }
+    }
+
+    /// Ingests files and directories. A file that fails is reported and leaves nothing
+    /// behind; the others go on.
+    pub fn ingest_paths(&self, paths: &[PathBuf], progress: &dyn Progress) -> Result<Report> {
+        let files = load::discover(paths)?;
+        progress.start(files.len());
+        let mut report = Report::default();
+        for path in files {
+            let result = load::load_file(&path).and_then(|doc| self.ingest_document(&doc));
+            let shown = result.as_ref().map(Clone::clone).map_err(|e| e.to_string());
+            progress.file_done(&path, &shown);
+            match result {
+                Ok(o @ Outcome::Ingested { .. }) => {
+                    report.ingested.push((path.display().to_string(), o))
+                }
+                Ok(o @ Outcome::Unchanged { .. }) => {
+                    report.unchanged.push((path.display().to_string(), o))
+                }
+                Err(e) => {
+                    warn!(path = %path.display(), error = %e, "ingest failed");
+                    report.failed.push((path, e.to_string()));
+                }
+            }
+        }
+        self.store.flush();
+        Ok(report)
+    }
+
+    /// Splits, embeds and stores one document. Unchanged content is a no-op; a changed
+    /// document replaces the older version's chunks of the same source.
+    pub fn ingest_document(&self, doc: &Document) -> Result<Outcome> {
+        let _span = info_span!("ingest", source = %doc.source).entered();
+        let previous = self.store.documents_of_source(&doc.source)?;
+        if self.store.chunk_count(&doc.id)? > 0 {
+            self.remove_stale(&previous, &doc.id)?;
+            return Ok(Outcome::Unchanged {
+                document_id: doc.id.clone(),
+            });
+        }
+        let chunks = self.splitter.split(doc);
+        let texts: Vec<&str> = chunks.iter().map(|c| c.text.as_str()).collect();
+        let embeddings = self.embedder.embed_documents(&texts)?;
+        let n = chunks.len();
+        let points = chunks
+            .into_iter()
+            .zip(embeddings)
+            .map(|(c, e)| {
+                (
+                    ChunkPayload {
+                        document_id: doc.id.clone(),
+                        source: doc.source.clone(),
+                        title: doc.title.clone(),
+                        chunk_index: c.index,
+                        span: Span {
+                            start: c.start,
+                            end: c.end,
+                        },
+                        text: c.text,
+                    },
+                    e,
+                )
+            })
+            .collect();
+        if let Err(e) = self.store.upsert(points) {
+            // leave nothing of a failed document behind
+            let _ = self.store.delete_document(&doc.id);
+            return Err(e);
+        }
+        self.remove_stale(&previous, &doc.id)?;
+        info!(chunks = n, document_id = %doc.id, "ingested");
+        Ok(Outcome::Ingested {
+            document_id: doc.id.clone(),
+            chunks: n,
+        })
+    }
+
+    fn remove_stale(
+        &self,
+        previous: &std::collections::BTreeSet<String>,
+        current: &str,
+    ) -> Result<()> {
+        for old in previous.iter().filter(|id| id.as_str() != current) {
+            self.store.delete_document(old)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,164 @@
+//! Stage **api**: the HTTP routes and the one mapping from errors to JSON responses
+//! `{"error": {"code": "…", "message": "…"}}`.
+
+use actix_web::error::{JsonPayloadError, ResponseError};
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::generate::GenerateError;
+use crate::query::{QueryEngine, QueryError, QueryRequest};
+
+#[derive(Debug, Serialize)]
+pub struct ApiError {
+    #[serde(skip)]
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        self.status
+    }
+    fn error_response(&self) -> HttpResponse {
+        HttpResponse::build(self.status).json(json!({ "error": self }))
+    }
+}
+
+impl From<QueryError> for ApiError {
+    fn from(e: QueryError) -> Self {
+        let message = e.to_string();
+        match e {
+            QueryError::Invalid { .. } => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message)
+            }
+            QueryError::Generate(GenerateError::Validation(_)) => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message)
+            }
+            QueryError::Generate(_) => {
+                tracing::error!(error = %message, "generation failed");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "generation_failed",
+                    message,
+                )
+            }
+            QueryError::Retrieval(_) => {
+                tracing::error!(error = %message, "retrieval failed");
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "retrieval_failed", message)
+            }
+            QueryError::Prompt(_) | QueryError::Internal(_) => {
+                tracing::error!(error = %message, "internal error");
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+            }
+        }
+    }
+}
+
+/// Body errors (syntax, types, size, content type) as JSON errors.
+pub fn json_error(err: JsonPayloadError, _req: &HttpRequest) -> actix_web::Error {
+    let e = match &err {
+        JsonPayloadError::OverflowKnownLength { .. } | JsonPayloadError::Overflow { .. } => {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                err.to_string(),
+            )
+        }
+        JsonPayloadError::ContentType => ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "send the body as Content-Type: application/json",
+        ),
+        JsonPayloadError::Deserialize(de) if de.is_data() => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+            de.to_string(),
+        ),
+        _ => ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", err.to_string()),
+    };
+    e.into()
+}
+
+async fn query(
+    engine: web::Data<QueryEngine>,
+    body: web::Json<QueryRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let response = engine.answer(body.into_inner()).await?;
+    Ok(HttpResponse::Ok().json(response))
+}
+
+async fn healthz(engine: web::Data<QueryEngine>) -> Result<HttpResponse, ApiError> {
+    let store = engine.index.store.clone();
+    let chunks = web::block(move || store.len())
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                e.to_string(),
+            )
+        })?
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                e.to_string(),
+            )
+        })?;
+    Ok(HttpResponse::Ok().json(json!({ "status": "ok", "chunks": chunks })))
+}
+
+async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    Err(ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no route for {} {}", req.method(), req.path()),
+    ))
+}
+
+async fn method_not_allowed(req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    Err(ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} is not allowed on {}", req.method(), req.path()),
+    ))
+}
+
+/// Every route of the service.
+pub fn routes(cfg: &mut web::ServiceConfig, max_body_bytes: usize) {
+    cfg.app_data(
+        web::JsonConfig::default()
+            .limit(max_body_bytes)
+            .error_handler(json_error),
+    )
+    .service(
+        web::resource("/v1/query")
+            .route(web::post().to(query))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/healthz")
+            .route(web::get().to(healthz))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .default_service(web::to(not_found));
+}

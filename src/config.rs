@@ -1,0 +1,350 @@
+//! One typed configuration: built-in defaults, then `docent.toml` (or `--config FILE`),
+//! then `DOCENT_*` environment variables (`__` separates sections:
+//! `DOCENT_GENERATION__MAX_TOKENS=128`, `DOCENT_DATA_DIR=/srv/docent`).
+//! Validated once at start-up, with messages that say what to fix.
+//! Relative paths are relative to the working directory.
+
+use std::path::{Path, PathBuf};
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+/// The default config file, read when present in the working directory.
+pub const DEFAULT_CONFIG_FILE: &str = "docent.toml";
+const SETUP_HINT: &str = "run `make setup` to fetch the models";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Parse(String),
+    #[error("configuration: {field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where the index lives.
+    pub data_dir: PathBuf,
+    pub server: ServerConfig,
+    pub embedding: EmbeddingConfig,
+    pub chunking: ChunkingConfig,
+    pub retrieval: RetrievalConfig,
+    pub generation: GenerationConfig,
+    pub prompts: PromptsConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    pub bind: String,
+    /// Largest accepted JSON body, bytes.
+    pub max_body_bytes: usize,
+    /// Longest accepted question, characters.
+    pub max_question_chars: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmbeddingConfig {
+    /// Directory with model.onnx, tokenizer.json, config.json, special_tokens_map.json,
+    /// tokenizer_config.json.
+    pub model_dir: PathBuf,
+    /// libonnxruntime.so (>= 1.24). Defaults to `$ORT_DYLIB_PATH` when set.
+    pub ort_library: PathBuf,
+    /// Model input limit in tokens, special tokens included.
+    pub max_length: usize,
+    pub threads: usize,
+    pub batch_size: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChunkingConfig {
+    /// Chunk size in embedding-model tokens (at most `embedding.max_length - 2`).
+    pub max_tokens: usize,
+    /// Tokens shared by neighbouring chunks.
+    pub overlap: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrievalConfig {
+    pub top_k: usize,
+    /// Largest `top_k` a request may ask for.
+    pub max_top_k: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenerationConfig {
+    /// A GGUF model file.
+    pub model: PathBuf,
+    /// Activation dtype: `f32` (fastest on CPU), `f16`, `bf16` or `auto`.
+    pub dtype: String,
+    /// `cpu`, or `auto` to use CUDA when built with it.
+    pub device: String,
+    pub max_tokens: usize,
+    pub temperature: f64,
+    /// Sequences the engine schedules at once.
+    pub max_num_seqs: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PromptsConfig {
+    /// Directory of minijinja templates.
+    pub dir: PathBuf,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let ort = std::env::var_os("ORT_DYLIB_PATH")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| "models/onnxruntime/libonnxruntime.so".into());
+        Config {
+            data_dir: "data".into(),
+            server: ServerConfig {
+                bind: "127.0.0.1:8080".into(),
+                max_body_bytes: 64 * 1024,
+                max_question_chars: 2000,
+            },
+            embedding: EmbeddingConfig {
+                model_dir: "models/all-MiniLM-L6-v2".into(),
+                ort_library: ort,
+                max_length: 256,
+                threads: 2,
+                batch_size: 32,
+            },
+            chunking: ChunkingConfig {
+                max_tokens: 200,
+                overlap: 24,
+            },
+            retrieval: RetrievalConfig {
+                top_k: 3,
+                max_top_k: 20,
+            },
+            generation: GenerationConfig {
+                model: "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf".into(),
+                dtype: "f32".into(),
+                device: "cpu".into(),
+                max_tokens: 256,
+                temperature: 0.0,
+                max_num_seqs: 8,
+            },
+            prompts: PromptsConfig {
+                dir: "prompts".into(),
+            },
+        }
+    }
+}
+
+impl Config {
+    /// Defaults ← `file` (or `docent.toml` if present) ← `DOCENT_*` environment.
+    pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        match file {
+            Some(f) if !f.is_file() => {
+                return Err(ConfigError::Parse(format!(
+                    "config file {} does not exist",
+                    f.display()
+                )))
+            }
+            Some(f) => fig = fig.merge(Toml::file(f)),
+            None => fig = fig.merge(Toml::file(DEFAULT_CONFIG_FILE)),
+        }
+        fig = fig.merge(Env::prefixed("DOCENT_").split("__"));
+        let config: Config = fig
+            .extract()
+            .map_err(|e| ConfigError::Parse(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks values that do not need files.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field, message: String| Err(ConfigError::Invalid { field, message });
+        if self.embedding.max_length < 3 {
+            return invalid("embedding.max_length", "must be at least 3".into());
+        }
+        let limit = self.embedding.max_length - 2;
+        if self.chunking.max_tokens == 0 || self.chunking.max_tokens > limit {
+            return invalid(
+                "chunking.max_tokens",
+                format!("must be between 1 and {limit} (embedding.max_length minus 2 special tokens), got {}", self.chunking.max_tokens),
+            );
+        }
+        if self.chunking.overlap >= self.chunking.max_tokens {
+            return invalid(
+                "chunking.overlap",
+                format!(
+                    "must be smaller than chunking.max_tokens ({}), got {}",
+                    self.chunking.max_tokens, self.chunking.overlap
+                ),
+            );
+        }
+        if self.retrieval.top_k == 0 || self.retrieval.top_k > self.retrieval.max_top_k {
+            return invalid(
+                "retrieval.top_k",
+                format!(
+                    "must be between 1 and retrieval.max_top_k ({}), got {}",
+                    self.retrieval.max_top_k, self.retrieval.top_k
+                ),
+            );
+        }
+        if !["f32", "f16", "bf16", "auto"].contains(&self.generation.dtype.as_str()) {
+            return invalid(
+                "generation.dtype",
+                format!(
+                    "must be one of f32, f16, bf16, auto, got {:?}",
+                    self.generation.dtype
+                ),
+            );
+        }
+        if !["cpu", "auto"].contains(&self.generation.device.as_str()) {
+            return invalid(
+                "generation.device",
+                format!("must be cpu or auto, got {:?}", self.generation.device),
+            );
+        }
+        if !(0.0..=2.0).contains(&self.generation.temperature) {
+            return invalid(
+                "generation.temperature",
+                format!("must be in 0..=2, got {}", self.generation.temperature),
+            );
+        }
+        if self.generation.max_tokens == 0 || self.generation.max_num_seqs == 0 {
+            return invalid(
+                "generation.max_tokens",
+                "generation.max_tokens and generation.max_num_seqs must be at least 1".into(),
+            );
+        }
+        if self.embedding.threads == 0 || self.embedding.batch_size == 0 {
+            return invalid(
+                "embedding.threads",
+                "embedding.threads and embedding.batch_size must be at least 1".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The embedding model and ONNX Runtime must exist (ingest and query).
+    pub fn check_embedding_files(&self) -> Result<(), ConfigError> {
+        must_exist(
+            "embedding.ort_library",
+            &self.embedding.ort_library,
+            SETUP_HINT,
+        )?;
+        for f in docent_ingest::embed::MODEL_FILES {
+            must_exist(
+                "embedding.model_dir",
+                &self.embedding.model_dir.join(f),
+                SETUP_HINT,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The generation model and the prompt templates must exist (query).
+    pub fn check_generation_files(&self) -> Result<(), ConfigError> {
+        must_exist("generation.model", &self.generation.model, SETUP_HINT)?;
+        for t in crate::prompt::TEMPLATES {
+            must_exist(
+                "prompts.dir",
+                &self.prompts.dir.join(t),
+                "point prompts.dir at docent's prompts/ directory",
+            )?;
+        }
+        Ok(())
+    }
+}
+
+fn must_exist(field: &'static str, path: &Path, hint: &str) -> Result<(), ConfigError> {
+    if path.exists() {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid {
+            field,
+            message: format!("{} does not exist; {hint}", path.display()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn file_and_env_override_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        std::fs::write(&f, "data_dir = \"/srv/x\"\n[retrieval]\ntop_k = 7\n").unwrap();
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("DOCENT_GENERATION__MAX_TOKENS", "64");
+            let c = Config::load(Some(&f)).map_err(|e| e.to_string())?;
+            assert_eq!(c.data_dir, PathBuf::from("/srv/x"));
+            assert_eq!(c.retrieval.top_k, 7);
+            assert_eq!(c.generation.max_tokens, 64);
+            assert_eq!(c.chunking.max_tokens, Config::default().chunking.max_tokens);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn example_file_documents_the_defaults() {
+        let f = Path::new(env!("CARGO_MANIFEST_DIR")).join("docent.example.toml");
+        figment::Jail::expect_with(|_| {
+            let mut c = Config::load(Some(&f)).map_err(|e| e.to_string())?;
+            let mut d = Config::default();
+            c.embedding.ort_library = PathBuf::new();
+            d.embedding.ort_library = PathBuf::new();
+            assert_eq!(
+                serde_json::to_value(&c).unwrap(),
+                serde_json::to_value(&d).unwrap()
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn bad_values_say_what_to_fix() {
+        let mut c = Config::default();
+        c.chunking.max_tokens = 300;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("chunking.max_tokens") && e.contains("254"),
+            "{e}"
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        std::fs::write(&f, "[retrieval]\ntopk = 7\n").unwrap();
+        let e = Config::load(Some(&f)).unwrap_err().to_string();
+        assert!(e.contains("topk"), "{e}");
+        let e = Config::load(Some(&dir.path().join("missing.toml")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("does not exist"), "{e}");
+    }
+
+    #[test]
+    fn missing_model_names_file_and_setup_command() {
+        let mut c = Config::default();
+        c.generation.model = "/nonexistent/m.gguf".into();
+        let e = c.check_generation_files().unwrap_err().to_string();
+        assert!(
+            e.contains("/nonexistent/m.gguf") && e.contains("make setup"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,217 @@
+//! Stage **postprocess**: cut at stop sequences, turn the answer's `[n]` markers into
+//! citations of the context blocks, and drop markers that refer to no block.
+
+use std::collections::HashSet;
+use std::sync::LazyLock;
+
+use docent_ingest::store::{Hit, Span};
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+
+/// A context block the answer cites.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Citation {
+    /// The block number used in the answer's `[n]` markers.
+    pub n: usize,
+    pub document_id: String,
+    pub source: String,
+    pub title: String,
+    pub chunk_index: usize,
+    pub span: Span,
+    pub score: f32,
+    /// The sentence of the chunk that best supports the citing answer text.
+    pub quote: String,
+}
+
+/// `[1]`, `[1, 2]`, `[1-3]`, `[ 2 ]`, `[1][2]`…
+static MARKER: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"\s*\[\s*(\d{1,3}(?:\s*(?:,|-|–)\s*\d{1,3})*)\s*\]").expect("valid regex")
+});
+static SENTENCE_END: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"[.!?](\s+|$)|\n\s*\n").expect("valid regex"));
+static WORD: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"[\p{L}\p{N}_]+").expect("valid regex"));
+
+/// Cuts `text` at the earliest stop sequence; the stop text itself is dropped.
+pub fn truncate_at_stop<'a>(text: &'a str, stops: &[String]) -> &'a str {
+    let cut = stops
+        .iter()
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| text.find(s.as_str()))
+        .min()
+        .unwrap_or(text.len());
+    &text[..cut]
+}
+
+/// Expands a marker body such as `1, 3-4` into block numbers.
+fn marker_numbers(body: &str) -> Vec<usize> {
+    let mut out = Vec::new();
+    for part in body.split(',') {
+        let bounds: Vec<usize> = part
+            .split(['-', '–'])
+            .filter_map(|x| x.trim().parse().ok())
+            .collect();
+        match bounds.as_slice() {
+            [a] => out.push(*a),
+            [a, b] if a <= b && b - a < 20 => out.extend(*a..=*b),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Rewrites markers into the normal form ` [1][2]`, keeping only numbers `1..=blocks`,
+/// and returns the rewritten answer with the cited numbers in order of first use, each
+/// with the answer text that cites it.
+fn normalise_markers(answer: &str, blocks: usize) -> (String, Vec<(usize, String)>) {
+    let mut out = String::with_capacity(answer.len());
+    let mut cited: Vec<(usize, String)> = Vec::new();
+    let mut last = 0;
+    let mut sentence_start = 0;
+    for m in MARKER.captures_iter(answer) {
+        let whole = m.get(0).expect("match");
+        out.push_str(&answer[last..whole.start()]);
+        let valid: Vec<usize> = marker_numbers(&m[1])
+            .into_iter()
+            .filter(|n| (1..=blocks).contains(n))
+            .collect();
+        let context = answer[sentence_start..whole.start()].to_string();
+        let mut seen = HashSet::new();
+        for (i, n) in valid.iter().filter(|n| seen.insert(**n)).enumerate() {
+            if i == 0 {
+                out.push(' ');
+            }
+            out.push_str(&format!("[{n}]"));
+            match cited.iter_mut().find(|(c, _)| c == n) {
+                Some((_, ctx)) => {
+                    ctx.push(' ');
+                    ctx.push_str(&context);
+                }
+                None => cited.push((*n, context.clone())),
+            }
+        }
+        last = whole.end();
+        sentence_start = whole.end();
+    }
+    out.push_str(&answer[last..]);
+    (out.trim().to_string(), cited)
+}
+
+fn words(text: &str) -> HashSet<String> {
+    WORD.find_iter(text)
+        .map(|w| w.as_str().to_lowercase())
+        .filter(|w| w.chars().count() > 2)
+        .collect()
+}
+
+/// The sentence of `chunk` sharing the most words with `claim`; the first sentence if
+/// nothing overlaps.
+pub fn best_quote(chunk: &str, claim: &str) -> String {
+    let claim_words = words(claim);
+    let mut sentences = Vec::new();
+    let mut start = 0;
+    for m in SENTENCE_END.find_iter(chunk) {
+        sentences.push(chunk[start..m.end()].trim());
+        start = m.end();
+    }
+    sentences.push(chunk[start..].trim());
+    sentences.retain(|s| !s.is_empty());
+    let score = |s: &str| words(s).intersection(&claim_words).count();
+    let mut best = sentences.first().copied().unwrap_or("");
+    let mut best_score = 0;
+    for s in &sentences {
+        let sc = score(s);
+        if sc > best_score {
+            best = s;
+            best_score = sc;
+        }
+    }
+    best.to_string()
+}
+
+/// The final answer text and its citations, given the blocks in prompt order.
+pub fn cite(answer: &str, blocks: &[Hit]) -> (String, Vec<Citation>) {
+    let (text, cited) = normalise_markers(answer, blocks.len());
+    let citations = cited
+        .into_iter()
+        .map(|(n, claim)| {
+            let hit = &blocks[n - 1];
+            let p = &hit.payload;
+            Citation {
+                n,
+                document_id: p.document_id.clone(),
+                source: p.source.clone(),
+                title: p.title.clone(),
+                chunk_index: p.chunk_index,
+                span: p.span,
+                score: hit.score,
+                quote: best_quote(&p.text, &claim),
+            }
+        })
+        .collect();
+    (text, citations)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use docent_ingest::store::ChunkPayload;
+
+    fn hit(doc: &str, text: &str) -> Hit {
+        Hit {
+            payload: ChunkPayload {
+                document_id: doc.into(),
+                source: format!("/{doc}.md"),
+                title: doc.into(),
+                chunk_index: 0,
+                span: Span {
+                    start: 0,
+                    end: text.len(),
+                },
+                text: text.into(),
+            },
+            score: 0.5,
+        }
+    }
+
+    #[test]
+    fn markers_become_citations_in_order_of_use() {
+        let blocks = [
+            hit("a", "Alpha is first. Cargo builds code."),
+            hit("b", "Beta."),
+        ];
+        let (text, cits) = cite("Cargo builds code [2]. It is fast [1].", &blocks);
+        assert_eq!(text, "Cargo builds code [2]. It is fast [1].");
+        assert_eq!(cits.iter().map(|c| c.n).collect::<Vec<_>>(), vec![2, 1]);
+        assert_eq!(cits[0].document_id, "b");
+        assert_eq!(cits[1].quote, "Alpha is first.");
+    }
+
+    #[test]
+    fn invalid_markers_are_removed_and_forms_normalised() {
+        let blocks = [hit("a", "A."), hit("b", "B."), hit("c", "C.")];
+        let (text, cits) = cite("X [7]. Y [1, 2]. Z [2-3] and [0].", &blocks);
+        assert_eq!(text, "X. Y [1][2]. Z [2][3] and.");
+        assert_eq!(cits.iter().map(|c| c.n).collect::<Vec<_>>(), vec![1, 2, 3]);
+        let (text, cits) = cite("Nothing cited [4]", &blocks);
+        assert_eq!(text, "Nothing cited");
+        assert!(cits.is_empty());
+    }
+
+    #[test]
+    fn quote_is_the_supporting_sentence() {
+        let chunk =
+            "Rust has crates. Cargo is the Rust build tool and package manager! Other text.";
+        assert_eq!(
+            best_quote(chunk, "The package manager is Cargo"),
+            "Cargo is the Rust build tool and package manager!"
+        );
+    }
+
+    #[test]
+    fn stop_sequences_cut_exactly() {
+        let stops = vec!["<|im_end|>".to_string(), "\nQuestion:".to_string()];
+        assert_eq!(truncate_at_stop("ok [1]\nQuestion: more", &stops), "ok [1]");
+        assert_eq!(truncate_at_stop("plain", &stops), "plain");
+    }
+}

@@ -1,0 +1,325 @@
+//! The query path, shared by `POST /v1/query` and `docent ask`:
+//! **retrieve → prompt → generate → postprocess**.
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use tracing::info;
+
+use crate::config::Config;
+use crate::generate::{GenerateError, Generator, Params};
+use crate::postprocess::{self, Citation};
+use crate::prompt::{ContextBlock, PromptError, Prompts};
+use crate::retrieve::Index;
+
+/// Stop sequences every answer is cut at: the start of a new turn or question.
+pub const DEFAULT_STOPS: &[&str] = &["\nQuestion:", "<|im_start|>", "<|im_end|>"];
+
+/// `POST /v1/query` body.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueryRequest {
+    pub question: String,
+    #[serde(default)]
+    pub retrieval: RetrievalOptions,
+    #[serde(default)]
+    pub generation: GenerationOptions,
+    #[serde(default)]
+    pub stream: bool,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrievalOptions {
+    pub top_k: Option<usize>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenerationOptions {
+    pub max_tokens: Option<usize>,
+    pub temperature: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueryResponse {
+    pub answer: String,
+    pub citations: Vec<Citation>,
+    /// False when nothing relevant was retrieved and the model was not asked.
+    pub answerable: bool,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub retrieval_ms: f64,
+    pub generation_ms: f64,
+    pub total_ms: f64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    #[error("{field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+    #[error("retrieval failed: {0}")]
+    Retrieval(#[from] docent_ingest::Error),
+    #[error(transparent)]
+    Prompt(#[from] PromptError),
+    #[error(transparent)]
+    Generate(#[from] GenerateError),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// A request with every option resolved against the configuration and checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidQuery {
+    pub question: String,
+    pub top_k: usize,
+    pub params: Params,
+}
+
+/// Limits a request is checked against.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub default_top_k: usize,
+    pub max_top_k: usize,
+    pub default_max_tokens: usize,
+    pub max_tokens: usize,
+    pub default_temperature: f64,
+    pub max_question_chars: usize,
+}
+
+impl Limits {
+    pub fn from_config(c: &Config) -> Self {
+        Limits {
+            default_top_k: c.retrieval.top_k,
+            max_top_k: c.retrieval.max_top_k,
+            default_max_tokens: c.generation.max_tokens,
+            max_tokens: c.generation.max_tokens.max(2048),
+            default_temperature: c.generation.temperature,
+            max_question_chars: c.server.max_question_chars,
+        }
+    }
+}
+
+impl QueryRequest {
+    pub fn validate(self, limits: &Limits) -> Result<ValidQuery, QueryError> {
+        let invalid = |field, message: String| Err(QueryError::Invalid { field, message });
+        let question = self.question.trim().to_string();
+        if question.is_empty() {
+            return invalid("question", "must not be empty".into());
+        }
+        let chars = question.chars().count();
+        if chars > limits.max_question_chars {
+            return invalid(
+                "question",
+                format!(
+                    "is {chars} characters long; the limit is {}",
+                    limits.max_question_chars
+                ),
+            );
+        }
+        if self.stream {
+            return invalid(
+                "stream",
+                "streaming responses are not available yet; send \"stream\": false".into(),
+            );
+        }
+        let top_k = self.retrieval.top_k.unwrap_or(limits.default_top_k);
+        if top_k == 0 || top_k > limits.max_top_k {
+            return invalid(
+                "retrieval.top_k",
+                format!("must be between 1 and {}, got {top_k}", limits.max_top_k),
+            );
+        }
+        let max_tokens = self
+            .generation
+            .max_tokens
+            .unwrap_or(limits.default_max_tokens);
+        if max_tokens == 0 || max_tokens > limits.max_tokens {
+            return invalid(
+                "generation.max_tokens",
+                format!(
+                    "must be between 1 and {}, got {max_tokens}",
+                    limits.max_tokens
+                ),
+            );
+        }
+        let temperature = self
+            .generation
+            .temperature
+            .unwrap_or(limits.default_temperature);
+        if !(0.0..=2.0).contains(&temperature) {
+            return invalid(
+                "generation.temperature",
+                format!("must be between 0 and 2, got {temperature}"),
+            );
+        }
+        Ok(ValidQuery {
+            question,
+            top_k,
+            params: Params {
+                max_tokens,
+                temperature,
+                stop: DEFAULT_STOPS.iter().map(|s| s.to_string()).collect(),
+            },
+        })
+    }
+}
+
+/// Answers questions over the index. One per process, shared by every request.
+pub struct QueryEngine {
+    pub index: Index,
+    prompts: Prompts,
+    generator: Generator,
+    limits: Limits,
+}
+
+impl QueryEngine {
+    pub fn new(index: Index, prompts: Prompts, generator: Generator, limits: Limits) -> Self {
+        QueryEngine {
+            index,
+            prompts,
+            generator,
+            limits,
+        }
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub async fn answer(&self, request: QueryRequest) -> Result<QueryResponse, QueryError> {
+        let started = Instant::now();
+        let q = request.validate(&self.limits)?;
+
+        let index = self.index.clone();
+        let (question, top_k) = (q.question.clone(), q.top_k);
+        let retrieved = tokio::task::spawn_blocking(move || index.retrieve(&question, top_k))
+            .await
+            .map_err(|e| QueryError::Internal(e.to_string()))??;
+
+        if retrieved.hits.is_empty() {
+            return Ok(QueryResponse {
+                answer: self.prompts.refusal(&q.question)?,
+                citations: vec![],
+                answerable: false,
+                usage: Usage {
+                    retrieval_ms: retrieved.elapsed_ms,
+                    total_ms: started.elapsed().as_secs_f64() * 1e3,
+                    ..Usage::default()
+                },
+            });
+        }
+
+        let blocks: Vec<ContextBlock<'_>> = retrieved
+            .hits
+            .iter()
+            .enumerate()
+            .map(|(i, h)| ContextBlock {
+                n: i + 1,
+                title: &h.payload.title,
+                source: &h.payload.source,
+                text: &h.payload.text,
+            })
+            .collect();
+        let prompt = self.prompts.render(&q.question, &blocks)?;
+
+        let generation_started = Instant::now();
+        let generation = self
+            .generator
+            .chat(&prompt.system, &prompt.user, &q.params)
+            .await?;
+        let generation_ms = generation_started.elapsed().as_secs_f64() * 1e3;
+
+        let text = postprocess::truncate_at_stop(&generation.text, &q.params.stop);
+        let (answer, citations) = postprocess::cite(text, &retrieved.hits);
+        let usage = Usage {
+            prompt_tokens: generation.prompt_tokens,
+            completion_tokens: generation.completion_tokens,
+            retrieval_ms: retrieved.elapsed_ms,
+            generation_ms,
+            total_ms: started.elapsed().as_secs_f64() * 1e3,
+        };
+        info!(
+            top_k = q.top_k,
+            citations = citations.len(),
+            prompt_tokens = usage.prompt_tokens,
+            completion_tokens = usage.completion_tokens,
+            total_ms = usage.total_ms,
+            "answered"
+        );
+        Ok(QueryResponse {
+            answer,
+            citations,
+            answerable: true,
+            usage,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits::from_config(&Config::default())
+    }
+
+    #[test]
+    fn defaults_come_from_config() {
+        let q = QueryRequest {
+            question: "  What is Cargo?  ".into(),
+            ..Default::default()
+        }
+        .validate(&limits())
+        .unwrap();
+        assert_eq!(q.question, "What is Cargo?");
+        assert_eq!(q.top_k, Config::default().retrieval.top_k);
+        assert_eq!(q.params.max_tokens, Config::default().generation.max_tokens);
+        assert_eq!(q.params.temperature, 0.0);
+    }
+
+    #[test]
+    fn bad_requests_name_the_field() {
+        let bad = [
+            (r#"{"question": "  "}"#, "question"),
+            (
+                r#"{"question": "q", "retrieval": {"top_k": 0}}"#,
+                "retrieval.top_k",
+            ),
+            (
+                r#"{"question": "q", "retrieval": {"top_k": 999}}"#,
+                "retrieval.top_k",
+            ),
+            (
+                r#"{"question": "q", "generation": {"max_tokens": 0}}"#,
+                "generation.max_tokens",
+            ),
+            (
+                r#"{"question": "q", "generation": {"temperature": -1}}"#,
+                "generation.temperature",
+            ),
+            (r#"{"question": "q", "stream": true}"#, "stream"),
+        ];
+        for (json, field) in bad {
+            let r: QueryRequest = serde_json::from_str(json).unwrap();
+            match r.validate(&limits()) {
+                Err(QueryError::Invalid { field: f, .. }) => assert_eq!(f, field, "{json}"),
+                other => panic!("{json}: {other:?}"),
+            }
+        }
+        let long = QueryRequest {
+            question: "x".repeat(5000),
+            ..Default::default()
+        };
+        assert!(long.validate(&limits()).is_err());
+        assert!(serde_json::from_str::<QueryRequest>(r#"{"question": "q", "topk": 1}"#).is_err());
+    }
+}

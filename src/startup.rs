@@ -1,0 +1,98 @@
+//! Wiring: opens the index, loads the models and binds the HTTP server. Tests use
+//! [`Application::build`] with port 0 to run the real server on a random port.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+
+use actix_web::dev::Server;
+use actix_web::{web, App, HttpServer};
+use docent_ingest::embed::{Embedder, EmbedderConfig};
+use docent_ingest::pipeline::Ingestor;
+use docent_ingest::split::Splitter;
+use docent_ingest::store::Store;
+
+use crate::config::Config;
+use crate::generate::Generator;
+use crate::prompt::Prompts;
+use crate::query::{Limits, QueryEngine};
+use crate::retrieve::Index;
+
+/// Opens the embedder and the store (what both ingest and query need).
+pub fn open_index(config: &Config) -> anyhow::Result<Index> {
+    config.check_embedding_files()?;
+    let e = &config.embedding;
+    let embedder = Arc::new(Embedder::load(EmbedderConfig {
+        model_dir: e.model_dir.clone(),
+        ort_library: e.ort_library.clone(),
+        max_length: e.max_length,
+        threads: e.threads,
+        batch_size: e.batch_size,
+    })?);
+    let store = Arc::new(Store::open(&config.data_dir, embedder.dim())?);
+    Ok(Index { embedder, store })
+}
+
+/// The ingest pipeline over an open index.
+pub fn ingestor(config: &Config, index: &Index) -> anyhow::Result<Ingestor> {
+    let splitter = Splitter::new(
+        index.embedder.sizing_tokenizer(),
+        config.chunking.max_tokens,
+        config.chunking.overlap,
+        config.embedding.max_length,
+    )?;
+    Ok(Ingestor::new(
+        splitter,
+        index.embedder.clone(),
+        index.store.clone(),
+    ))
+}
+
+/// The query path over an open index: loads the templates and the generation model.
+pub async fn query_engine(config: &Config, index: Index) -> anyhow::Result<QueryEngine> {
+    config.check_generation_files()?;
+    let prompts = Prompts::load(&config.prompts.dir)?;
+    let generator = Generator::load(&config.generation).await?;
+    Ok(QueryEngine::new(
+        index,
+        prompts,
+        generator,
+        Limits::from_config(config),
+    ))
+}
+
+pub struct Application {
+    port: u16,
+    server: Server,
+}
+
+impl Application {
+    /// Binds `config.server.bind` (port 0 picks a free port) and prepares the server.
+    pub fn build(config: &Config, engine: Arc<QueryEngine>) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind(&config.server.bind)
+            .map_err(|e| anyhow::anyhow!("cannot bind {}: {e}", config.server.bind))?;
+        let port = listener.local_addr()?.port();
+        let engine = web::Data::from(engine);
+        let max_body = config.server.max_body_bytes;
+        let server = HttpServer::new(move || {
+            App::new()
+                .wrap(tracing_actix())
+                .app_data(engine.clone())
+                .configure(|cfg| crate::api::routes(cfg, max_body))
+        })
+        .listen(listener)?
+        .run();
+        Ok(Application { port, server })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        self.server.await
+    }
+}
+
+fn tracing_actix() -> actix_web::middleware::Logger {
+    actix_web::middleware::Logger::new("%r %s %Dms")
+}

@@ -1,0 +1,16 @@
+//! Logging set-up in one place. `RUST_LOG` overrides the default filter, which keeps the
+//! engines' own chatter (mistral.rs, ONNX Runtime glue) at warnings.
+
+use tracing_subscriber::EnvFilter;
+
+pub fn init() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new(
+            "info,mistralrs_core=warn,mistralrs_quant=warn,mistralrs=warn,candle_core=warn,toktrie_hf_tokenizers=error,ort=warn,qdrant_edge=warn",
+        )
+    });
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,50 @@
+//! The ONNX export of all-MiniLM-L6-v2 (made by `make setup` without torch) run through
+//! fastembed must match the independent numpy forward pass the setup step recorded.
+
+use docent_ingest::embed::{Embedder, EmbedderConfig};
+
+use crate::helpers::models;
+
+fn cos(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+#[test]
+fn onnx_export_matches_numpy_reference() {
+    let dir = models().join("all-MiniLM-L6-v2");
+    let reference: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("reference.json")).expect("reference.json"))
+            .expect("json");
+    let sentences: Vec<String> = serde_json::from_value(reference["sentences"].clone()).unwrap();
+    let expected: Vec<Vec<f32>> = serde_json::from_value(reference["embeddings"].clone()).unwrap();
+    assert!(sentences.len() >= 3);
+
+    let embedder = Embedder::load(EmbedderConfig {
+        model_dir: dir,
+        ort_library: models().join("onnxruntime/libonnxruntime.so"),
+        max_length: 256,
+        threads: 2,
+        batch_size: 4, // several batches, padded differently
+    })
+    .expect("load embedder");
+    assert_eq!(embedder.dim(), 384);
+    let refs: Vec<&str> = sentences.iter().map(String::as_str).collect();
+    let got = embedder.embed_dense(&refs).unwrap();
+    let mut worst = 0f32;
+    for (g, e) in got.iter().zip(&expected) {
+        for (a, b) in g.iter().zip(e) {
+            worst = worst.max((a - b).abs());
+        }
+    }
+    assert!(worst <= 1e-4, "max |fastembed - numpy| = {worst}");
+
+    let q = embedder.embed_dense(&["How do I install Rust?"]).unwrap();
+    let near = embedder
+        .embed_dense(&["Installing Rust with rustup"])
+        .unwrap();
+    let far = embedder
+        .embed_dense(&["The 1973 oil crisis began in October"])
+        .unwrap();
+    let (c_near, c_far) = (cos(&q[0], &near[0]), cos(&q[0], &far[0]));
+    assert!(c_near > c_far + 0.3, "near {c_near}, far {c_far}");
+}

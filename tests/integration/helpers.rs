@@ -1,0 +1,138 @@
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, OnceLock};
+
+use docent::config::Config;
+use docent::startup;
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The models fetched by `make setup`.
+pub fn models() -> PathBuf {
+    std::env::var_os("DOCENT_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("models"))
+}
+
+/// The shared data folder beside the checkout.
+pub fn shared() -> PathBuf {
+    let p = std::env::var_os("DOCENT_SHARED_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("../shared"));
+    assert!(
+        p.is_dir(),
+        "shared data not found at {} (set DOCENT_SHARED_DIR)",
+        p.display()
+    );
+    p
+}
+
+/// A config on the setup step's models, with an index in `data_dir`.
+pub fn config(data_dir: &Path) -> Config {
+    let m = models();
+    let mut c = Config::default();
+    c.data_dir = data_dir.to_path_buf();
+    c.embedding.model_dir = m.join("all-MiniLM-L6-v2");
+    c.embedding.ort_library = m.join("onnxruntime/libonnxruntime.so");
+    c.generation.model = m.join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    c.prompts.dir = repo().join("prompts");
+    c.server.bind = "127.0.0.1:0".into();
+    // short prompts keep CPU prefill time down in tests
+    c.chunking.max_tokens = 128;
+    c.chunking.overlap = 16;
+    c.retrieval.top_k = 2;
+    c.generation.max_tokens = 48;
+    c
+}
+
+/// Environment that points the `docent` binary at the same models as [`config`].
+pub fn docent_cmd(data_dir: &Path) -> Command {
+    let c = config(data_dir);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_docent"));
+    cmd.env("DOCENT_EMBEDDING__MODEL_DIR", &c.embedding.model_dir)
+        .env("DOCENT_EMBEDDING__ORT_LIBRARY", &c.embedding.ort_library)
+        .env("DOCENT_GENERATION__MODEL", &c.generation.model)
+        .env("DOCENT_PROMPTS__DIR", &c.prompts.dir)
+        .env(
+            "DOCENT_CHUNKING__MAX_TOKENS",
+            c.chunking.max_tokens.to_string(),
+        )
+        .env("DOCENT_CHUNKING__OVERLAP", c.chunking.overlap.to_string())
+        .env("DOCENT_RETRIEVAL__TOP_K", c.retrieval.top_k.to_string())
+        .env(
+            "DOCENT_GENERATION__MAX_TOKENS",
+            c.generation.max_tokens.to_string(),
+        )
+        .arg("--data-dir")
+        .arg(data_dir)
+        .current_dir(std::env::temp_dir());
+    cmd
+}
+
+pub fn rust_book(chapter: &str) -> PathBuf {
+    shared().join("data/corpus/rust-book/src").join(chapter)
+}
+
+/// The two documents the server's index holds.
+pub const INSTALLATION: &str = "ch01-01-installation.md";
+pub const OWNERSHIP: &str = "ch04-01-what-is-ownership.md";
+
+pub struct TestApp {
+    pub address: String,
+    pub ingest_stdout: String,
+    _dir: tempfile::TempDir,
+}
+
+/// One real server for the whole test binary, on a random port, with two Rust Book chapters
+/// ingested through the real `docent ingest` command. It runs on its own thread and runtime
+/// so that it outlives each test's runtime.
+pub fn app() -> &'static TestApp {
+    static APP: OnceLock<TestApp> = OnceLock::new();
+    APP.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data_dir = dir.path().join("index");
+        let out = docent_cmd(&data_dir)
+            .arg("ingest")
+            .arg(rust_book(INSTALLATION))
+            .arg(rust_book(OWNERSHIP))
+            .output()
+            .expect("run docent ingest");
+        let ingest_stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "docent ingest failed: {ingest_stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let config = config(&data_dir);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let index = startup::open_index(&config).expect("open index");
+                let engine = Arc::new(startup::query_engine(&config, index).await.expect("engine"));
+                let app = startup::Application::build(&config, engine).expect("bind");
+                tx.send(app.port()).expect("send port");
+                app.run_until_stopped().await.expect("server");
+            });
+        });
+        let port = rx.recv().expect("server started");
+        TestApp {
+            address: format!("http://127.0.0.1:{port}"),
+            ingest_stdout,
+            _dir: dir,
+        }
+    })
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(300))
+        .build()
+        .expect("client")
+}

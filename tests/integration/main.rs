@@ -1,0 +1,8 @@
+//! Integration tests on the real parts: the exported ONNX model, the embedded Qdrant engine,
+//! mistral.rs with real GGUF models, and the real HTTP server on a random port.
+//! One test binary (link time); needs `make setup` (the models) and `../shared`.
+
+mod api;
+mod embedding;
+mod generation;
+mod helpers;
