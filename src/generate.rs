@@ -178,9 +178,15 @@ impl Generator {
     }
 
     /// Decodes token ids with the model's tokenizer (the whole sequence at once).
-    pub async fn detokenize(&self, ids: Vec<u32>) -> Result<String, GenerateError> {
+    /// `skip_special` drops tokens the tokenizer marks special; note that mistral.rs's GGUF
+    /// tokenizer conversion marks SentencePiece byte tokens (`<0x0A>`, …) special too.
+    pub async fn detokenize(
+        &self,
+        ids: Vec<u32>,
+        skip_special: bool,
+    ) -> Result<String, GenerateError> {
         self.model
-            .detokenize(ids, true)
+            .detokenize(ids, skip_special)
             .await
             .map_err(|e| GenerateError::Engine(e.to_string()))
     }
