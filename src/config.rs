@@ -90,6 +90,8 @@ pub struct GenerationConfig {
     pub device: String,
     pub max_tokens: usize,
     pub temperature: f64,
+    /// 1.0 is off. Above 1 also penalises copying the context, which hurts RAG answers.
+    pub repetition_penalty: f32,
     /// Sequences the engine schedules at once.
     pub max_num_seqs: usize,
 }
@@ -135,6 +137,7 @@ impl Default for Config {
                 device: "cpu".into(),
                 max_tokens: 256,
                 temperature: 0.0,
+                repetition_penalty: 1.0,
                 max_num_seqs: 8,
             },
             prompts: PromptsConfig {
@@ -218,6 +221,15 @@ impl Config {
                 format!("must be in 0..=2, got {}", self.generation.temperature),
             );
         }
+        if !(0.5..=2.0).contains(&self.generation.repetition_penalty) {
+            return invalid(
+                "generation.repetition_penalty",
+                format!(
+                    "must be in 0.5..=2, got {}",
+                    self.generation.repetition_penalty
+                ),
+            );
+        }
         if self.generation.max_tokens == 0 || self.generation.max_num_seqs == 0 {
             return invalid(
                 "generation.max_tokens",
@@ -285,6 +297,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's closure signature
     fn file_and_env_override_defaults() {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("c.toml");
@@ -301,6 +314,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's closure signature
     fn example_file_documents_the_defaults() {
         let f = Path::new(env!("CARGO_MANIFEST_DIR")).join("docent.example.toml");
         figment::Jail::expect_with(|_| {

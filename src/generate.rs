@@ -40,6 +40,8 @@ pub struct Params {
     pub max_tokens: usize,
     /// 0 means greedy.
     pub temperature: f64,
+    /// 1.0 is off; above 1 discourages repeating tokens already in the context.
+    pub repetition_penalty: f32,
     /// Strings that end the answer; cut out of the text.
     pub stop: Vec<String>,
 }
@@ -167,6 +169,7 @@ impl Generator {
         let params = Params {
             max_tokens,
             temperature: 0.0,
+            repetition_penalty: 1.0,
             stop: vec![],
         };
         let mut sampling = sampling(&params);
@@ -283,6 +286,7 @@ fn sampling(params: &Params) -> SamplingParams {
         }
     };
     s.max_len = Some(params.max_tokens);
+    s.repetition_penalty = (params.repetition_penalty != 1.0).then_some(params.repetition_penalty);
     s.stop_toks = stop;
     s
 }

@@ -123,7 +123,7 @@ mod tests {
         assert!(p.system.contains("[1]"), "system asks for [n] citations");
         assert!(
             p.user
-                .contains("[1] Packages\nA crate is a compilation unit.\n\n[2] Other\nUnrelated."),
+                .contains("[1] A crate is a compilation unit.\n\n[2] Unrelated."),
             "{}",
             p.user
         );

@@ -39,6 +39,7 @@ pub struct RetrievalOptions {
 pub struct GenerationOptions {
     pub max_tokens: Option<usize>,
     pub temperature: Option<f64>,
+    pub repetition_penalty: Option<f32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -92,6 +93,7 @@ pub struct Limits {
     pub default_max_tokens: usize,
     pub max_tokens: usize,
     pub default_temperature: f64,
+    pub default_repetition_penalty: f32,
     pub max_question_chars: usize,
 }
 
@@ -103,6 +105,7 @@ impl Limits {
             default_max_tokens: c.generation.max_tokens,
             max_tokens: c.generation.max_tokens.max(2048),
             default_temperature: c.generation.temperature,
+            default_repetition_penalty: c.generation.repetition_penalty,
             max_question_chars: c.server.max_question_chars,
         }
     }
@@ -161,12 +164,23 @@ impl QueryRequest {
                 format!("must be between 0 and 2, got {temperature}"),
             );
         }
+        let repetition_penalty = self
+            .generation
+            .repetition_penalty
+            .unwrap_or(limits.default_repetition_penalty);
+        if !(0.5..=2.0).contains(&repetition_penalty) {
+            return invalid(
+                "generation.repetition_penalty",
+                format!("must be between 0.5 and 2, got {repetition_penalty}"),
+            );
+        }
         Ok(ValidQuery {
             question,
             top_k,
             params: Params {
                 max_tokens,
                 temperature,
+                repetition_penalty,
                 stop: DEFAULT_STOPS.iter().map(|s| s.to_string()).collect(),
             },
         })
@@ -305,6 +319,10 @@ mod tests {
             (
                 r#"{"question": "q", "generation": {"temperature": -1}}"#,
                 "generation.temperature",
+            ),
+            (
+                r#"{"question": "q", "generation": {"repetition_penalty": 9}}"#,
+                "generation.repetition_penalty",
             ),
             (r#"{"question": "q", "stream": true}"#, "stream"),
         ];

@@ -6,11 +6,12 @@ use tracing_subscriber::EnvFilter;
 pub fn init() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new(
-            "info,mistralrs_core=warn,mistralrs_quant=warn,mistralrs=warn,candle_core=warn,toktrie_hf_tokenizers=error,ort=warn,qdrant_edge=warn",
+            "info,mistralrs_core=warn,mistralrs_quant=warn,mistralrs=warn,candle_core=warn,toktrie_hf_tokenizers=error,ort=warn,qdrant_edge=error",
         )
     });
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }

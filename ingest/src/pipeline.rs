@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tracing::{info, info_span, warn};
+use tracing::{debug, info_span, warn};
 
 use crate::embed::Embedder;
 use crate::load::{self, Document};
@@ -134,7 +134,7 @@ impl Ingestor {
             return Err(e);
         }
         self.remove_stale(&previous, &doc.id)?;
-        info!(chunks = n, document_id = %doc.id, "ingested");
+        debug!(chunks = n, document_id = %doc.id, "ingested");
         Ok(Outcome::Ingested {
             document_id: doc.id.clone(),
             chunks: n,

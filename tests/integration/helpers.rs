@@ -32,8 +32,10 @@ pub fn shared() -> PathBuf {
 /// A config on the setup step's models, with an index in `data_dir`.
 pub fn config(data_dir: &Path) -> Config {
     let m = models();
-    let mut c = Config::default();
-    c.data_dir = data_dir.to_path_buf();
+    let mut c = Config {
+        data_dir: data_dir.to_path_buf(),
+        ..Config::default()
+    };
     c.embedding.model_dir = m.join("all-MiniLM-L6-v2");
     c.embedding.ort_library = m.join("onnxruntime/libonnxruntime.so");
     c.generation.model = m.join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");

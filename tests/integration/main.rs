@@ -1,8 +1,10 @@
 //! Integration tests on the real parts: the exported ONNX model, the embedded Qdrant engine,
-//! mistral.rs with real GGUF models, and the real HTTP server on a random port.
-//! One test binary (link time); needs `make setup` (the models) and `../shared`.
+//! mistral.rs with real GGUF models, the `docent` binary, and the real HTTP server on a
+//! random port. One test binary (link time); needs `make setup` (the models) and `../shared`.
 
 mod api;
+mod cli;
 mod embedding;
 mod generation;
 mod helpers;
+mod ingest;

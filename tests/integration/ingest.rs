@@ -1,0 +1,120 @@
+//! The ingest pipeline on the real embedding model and the real embedded Qdrant engine.
+
+use std::sync::Arc;
+
+use docent::startup;
+use docent_ingest::pipeline::{Outcome, Silent};
+
+use crate::helpers::config;
+
+#[test]
+fn reingest_is_incremental_and_failures_leave_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = dir.path().join("docs");
+    std::fs::create_dir(&docs).unwrap();
+    let a = docs.join("a.md");
+    let long: String = (0..60)
+        .map(|i| format!("Sentence number {i} talks about topic {}. ", i % 7))
+        .collect();
+    std::fs::write(&a, format!("# Alpha\n\n{long}\n")).unwrap();
+    std::fs::write(docs.join("b.txt"), "Beta is a short plain text file.").unwrap();
+
+    let c = config(&dir.path().join("index"));
+    let index = startup::open_index(&c).unwrap();
+    let ingestor = startup::ingestor(&c, &index).unwrap();
+    let store = Arc::clone(&index.store);
+
+    let r = ingestor
+        .ingest_paths(std::slice::from_ref(&docs), &Silent)
+        .unwrap();
+    assert_eq!(r.ingested.len(), 2);
+    assert!(r.failed.is_empty());
+    let first = store.len().unwrap();
+    assert!(
+        first >= 3,
+        "a.md should need several chunks, got {first} in total"
+    );
+    assert_eq!(r.chunks_written(), first);
+
+    // unchanged: a no-op
+    let r = ingestor
+        .ingest_paths(std::slice::from_ref(&docs), &Silent)
+        .unwrap();
+    assert_eq!(r.unchanged.len(), 2);
+    assert_eq!(store.len().unwrap(), first);
+
+    // changed: the old version's chunks are replaced, not kept beside the new ones
+    std::fs::write(&a, "# Alpha\n\nNow a single short paragraph.\n").unwrap();
+    let r = ingestor
+        .ingest_paths(std::slice::from_ref(&a), &Silent)
+        .unwrap();
+    let Outcome::Ingested {
+        document_id,
+        chunks,
+    } = &r.ingested[0].1
+    else {
+        panic!("{r:?}")
+    };
+    assert_eq!(*chunks, 1);
+    assert_eq!(store.len().unwrap(), 2);
+    let source = a.canonicalize().unwrap().display().to_string();
+    assert_eq!(
+        store
+            .documents_of_source(&source)
+            .unwrap()
+            .into_iter()
+            .collect::<Vec<_>>(),
+        vec![document_id.clone()]
+    );
+
+    // a bad file is reported with its name and leaves nothing behind; the rest goes on
+    let bad = docs.join("bad.txt");
+    std::fs::write(&bad, [0xffu8, 0xfe, 0xfd]).unwrap();
+    let r = ingestor
+        .ingest_paths(std::slice::from_ref(&docs), &Silent)
+        .unwrap();
+    assert_eq!(r.failed.len(), 1);
+    assert!(r.failed[0].0.ends_with("bad.txt"));
+    assert!(r.failed[0].1.contains("UTF-8"), "{}", r.failed[0].1);
+    assert_eq!(store.len().unwrap(), 2);
+
+    // search finds the right chunk with a checkable span
+    let hits = index.retrieve("What is Beta?", 1).unwrap().hits;
+    let p = &hits[0].payload;
+    assert!(p.source.ends_with("b.txt"));
+    let text = std::fs::read_to_string(&p.source).unwrap();
+    assert_eq!(&text[p.span.start..p.span.end], p.text);
+}
+
+#[test]
+fn chunks_never_exceed_the_embedding_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(&dir.path().join("index"));
+    c.chunking.max_tokens = 254;
+    c.chunking.overlap = 0;
+    let index = startup::open_index(&c).unwrap();
+    let ingestor = startup::ingestor(&c, &index).unwrap();
+    // long words, a long line without spaces, CJK and code
+    let text = format!(
+        "{}\n\n{}\n\n{}\n\n```rust\n{}\n```\n",
+        "supercalifragilisticexpialidocious ".repeat(300),
+        "x".repeat(5000),
+        "東京は日本の首都です。".repeat(200),
+        "fn main() { println!(\"hi\"); }\n".repeat(100)
+    );
+    let f = dir.path().join("long.md");
+    std::fs::write(&f, &text).unwrap();
+    let doc = docent_ingest::load::load_file(&f).unwrap();
+    let r = ingestor.ingest_document(&doc).unwrap();
+    let Outcome::Ingested { chunks, .. } = r else {
+        panic!()
+    };
+    assert!(chunks > 10);
+    let tok = index.embedder.sizing_tokenizer();
+    let splitter = docent_ingest::split::Splitter::new(tok.clone(), 254, 0, 256).unwrap();
+    for chunk in splitter.split(&doc) {
+        let n = tok.encode(chunk.text.as_str(), true).unwrap().len();
+        assert!(n <= 256, "chunk of {n} tokens with special tokens");
+        assert_eq!(&doc.text[chunk.start..chunk.end], chunk.text);
+    }
+}
