@@ -2,7 +2,7 @@
 
 use serde_json::{json, Value};
 
-use crate::helpers::{app, client, INSTALLATION};
+use crate::helpers::{app, client, OWNERSHIP};
 
 #[tokio::test]
 async fn answers_with_a_citation_of_the_document_that_holds_the_answer() {
@@ -15,7 +15,7 @@ async fn answers_with_a_citation_of_the_document_that_holds_the_answer() {
     let res = client()
         .post(format!("{}/v1/query", app.address))
         .json(&json!({
-            "question": "How do I install Rust on Linux or macOS?",
+            "question": "What is ownership in Rust?",
             "generation": {"max_tokens": 48, "temperature": 0.0}
         }))
         .send()
@@ -25,13 +25,21 @@ async fn answers_with_a_citation_of_the_document_that_holds_the_answer() {
     let body: Value = res.json().await.unwrap();
     eprintln!("{}", serde_json::to_string_pretty(&body).unwrap());
     let answer = body["answer"].as_str().unwrap();
-    assert!(!answer.trim().is_empty(), "empty answer");
+    let words = regex::Regex::new(r"\[\d+\]")
+        .unwrap()
+        .replace_all(answer, "")
+        .split_whitespace()
+        .count();
+    assert!(
+        words >= 3,
+        "the answer has no content besides markers: {answer:?}"
+    );
     let citations = body["citations"].as_array().unwrap();
     assert!(!citations.is_empty(), "no citations: {body}");
     let first = &citations[0];
     assert!(
-        first["source"].as_str().unwrap().ends_with(INSTALLATION),
-        "first citation is not the installation chapter: {first}"
+        first["source"].as_str().unwrap().ends_with(OWNERSHIP),
+        "first citation is not the ownership chapter: {first}"
     );
     // the citation is checkable: its span and quote point into the source document
     let source = std::fs::read_to_string(first["source"].as_str().unwrap()).unwrap();
