@@ -62,36 +62,43 @@ fn marker_numbers(body: &str) -> Vec<usize> {
 
 /// Rewrites markers into the normal form ` [1][2]`, keeping only numbers `1..=blocks`,
 /// and returns the rewritten answer with the cited numbers in order of first use, each
-/// with the answer text that cites it.
+/// with the answer text that cites it: the text before the marker, or, for a marker that
+/// opens a sentence (small models often write `[1] Claim.`), the text after it.
 fn normalise_markers(answer: &str, blocks: usize) -> (String, Vec<(usize, String)>) {
+    let matches: Vec<(usize, usize, String)> = MARKER
+        .captures_iter(answer)
+        .filter_map(|m| {
+            let whole = m.get(0)?;
+            Some((whole.start(), whole.end(), m[1].to_string()))
+        })
+        .collect();
     let mut out = String::with_capacity(answer.len());
     let mut cited: Vec<(usize, String)> = Vec::new();
     let mut last = 0;
-    let mut sentence_start = 0;
-    for m in MARKER.captures_iter(answer) {
-        let whole = m.get(0).expect("match");
-        out.push_str(&answer[last..whole.start()]);
-        let valid: Vec<usize> = marker_numbers(&m[1])
-            .into_iter()
-            .filter(|n| (1..=blocks).contains(n))
-            .collect();
-        let context = answer[sentence_start..whole.start()].to_string();
+    for (i, (start, end, body)) in matches.iter().enumerate() {
+        out.push_str(&answer[last..*start]);
+        let before = answer[last..*start].trim();
+        let next_start = matches.get(i + 1).map_or(answer.len(), |m| m.0);
+        let after = answer[*end..next_start].trim();
+        let claim = if before.is_empty() { after } else { before };
         let mut seen = HashSet::new();
-        for (i, n) in valid.iter().filter(|n| seen.insert(**n)).enumerate() {
-            if i == 0 {
+        let valid = marker_numbers(body)
+            .into_iter()
+            .filter(|n| (1..=blocks).contains(n) && seen.insert(*n));
+        for (k, n) in valid.enumerate() {
+            if k == 0 {
                 out.push(' ');
             }
             out.push_str(&format!("[{n}]"));
-            match cited.iter_mut().find(|(c, _)| c == n) {
+            match cited.iter_mut().find(|(c, _)| *c == n) {
                 Some((_, ctx)) => {
                     ctx.push(' ');
-                    ctx.push_str(&context);
+                    ctx.push_str(claim);
                 }
-                None => cited.push((*n, context.clone())),
+                None => cited.push((n, claim.to_string())),
             }
         }
-        last = whole.end();
-        sentence_start = whole.end();
+        last = *end;
     }
     out.push_str(&answer[last..]);
     (out.trim().to_string(), cited)
@@ -196,6 +203,23 @@ mod tests {
         let (text, cits) = cite("Nothing cited [4]", &blocks);
         assert_eq!(text, "Nothing cited");
         assert!(cits.is_empty());
+    }
+
+    #[test]
+    fn a_marker_that_opens_the_answer_quotes_for_the_text_after_it() {
+        let blocks = [hit(
+            "a",
+            "# Ownership\n\nOwnership is a set of rules. It manages memory without a garbage collector.",
+        )];
+        let (text, cits) = cite(
+            "[1] Rust manages memory without a garbage collector.",
+            &blocks,
+        );
+        assert_eq!(text, "[1] Rust manages memory without a garbage collector.");
+        assert_eq!(
+            cits[0].quote,
+            "It manages memory without a garbage collector."
+        );
     }
 
     #[test]
