@@ -36,7 +36,7 @@ enum Command {
         #[arg(long)]
         bind: Option<String>,
     },
-    /// Add files or directories (.txt, .md) to the index.
+    /// Add files or directories (.txt, .md, .html, .pdf, .docx) to the index.
     Ingest {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
@@ -109,8 +109,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 report.unchanged.len(),
                 report.failed.len()
             );
-            for (path, error) in &report.failed {
-                println!("  failed: {}: {error}", path.display());
+            for (_, error) in &report.failed {
+                println!("  failed: {error}");
+            }
+            if !report.skipped.is_empty() {
+                println!(
+                    "skipped {} file(s) of unsupported types (supported: {})",
+                    report.skipped.len(),
+                    docent_ingest::load::SUPPORTED_EXTENSIONS.join(", ")
+                );
             }
             Ok(if report.failed.is_empty() {
                 ExitCode::SUCCESS

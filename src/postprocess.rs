@@ -17,6 +17,9 @@ pub struct Citation {
     pub source: String,
     pub title: String,
     pub chunk_index: usize,
+    /// 1-based page, for paged formats (PDF).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page: Option<u32>,
     pub span: Span,
     pub score: f32,
     /// The sentence of the chunk that best supports the citing answer text.
@@ -150,6 +153,7 @@ pub fn cite(answer: &str, blocks: &[Hit]) -> (String, Vec<Citation>) {
                 source: p.source.clone(),
                 title: p.title.clone(),
                 chunk_index: p.chunk_index,
+                page: p.page,
                 span: p.span,
                 score: hit.score,
                 quote: best_quote(&p.text, &claim),
@@ -171,6 +175,7 @@ mod tests {
                 source: format!("/{doc}.md"),
                 title: doc.into(),
                 chunk_index: 0,
+                page: None,
                 span: Span {
                     start: 0,
                     end: text.len(),

@@ -15,8 +15,20 @@ pub enum Error {
     UnsupportedType { path: PathBuf, supported: String },
     #[error("{path}: the document contains no text")]
     Empty { path: PathBuf },
-    #[error("{path}: not valid UTF-8 text")]
-    NotUtf8 { path: PathBuf },
+    #[error("{path}: a binary file, not text")]
+    Binary { path: PathBuf },
+    #[error("{path}: the document is encrypted (password protected); decrypt it first, e.g. qpdf --decrypt")]
+    Encrypted { path: PathBuf },
+    #[error("{path}: no text layer in {pages} page(s) (a scanned or image-only PDF); run OCR first, e.g. ocrmypdf")]
+    NoTextLayer { path: PathBuf, pages: usize },
+    #[error("{path}: corrupt or unreadable: {reason}")]
+    Corrupt { path: PathBuf, reason: String },
+    #[error("{path}: {bytes} bytes is over the {limit}-byte limit")]
+    TooLarge {
+        path: PathBuf,
+        bytes: u64,
+        limit: u64,
+    },
     #[error("ONNX Runtime library not found at {path}: run `make setup` or set embedding.ort_library / ORT_DYLIB_PATH")]
     OrtLibraryMissing { path: PathBuf },
     #[error("model file not found: {path} ({hint})")]

@@ -27,6 +27,8 @@ pub struct Report {
     pub ingested: Vec<(String, Outcome)>,
     pub unchanged: Vec<(String, Outcome)>,
     pub failed: Vec<(PathBuf, String)>,
+    /// Files in the given directories whose type is not supported.
+    pub skipped: Vec<PathBuf>,
 }
 
 impl Report {
@@ -69,10 +71,13 @@ impl Ingestor {
     /// Ingests files and directories. A file that fails is reported and leaves nothing
     /// behind; the others go on.
     pub fn ingest_paths(&self, paths: &[PathBuf], progress: &dyn Progress) -> Result<Report> {
-        let files = load::discover(paths)?;
-        progress.start(files.len());
-        let mut report = Report::default();
-        for path in files {
+        let found = load::discover(paths)?;
+        progress.start(found.files.len());
+        let mut report = Report {
+            skipped: found.skipped,
+            ..Report::default()
+        };
+        for path in found.files {
             let result = load::load_file(&path).and_then(|doc| self.ingest_document(&doc));
             let shown = result.as_ref().map(Clone::clone).map_err(|e| e.to_string());
             progress.file_done(&path, &shown);
@@ -85,7 +90,14 @@ impl Ingestor {
                 }
                 Err(e) => {
                     warn!(path = %path.display(), error = %e, "ingest failed");
-                    report.failed.push((path, e.to_string()));
+                    let shown = path.display().to_string();
+                    let msg = e.to_string();
+                    let msg = if msg.starts_with(&shown) {
+                        msg
+                    } else {
+                        format!("{shown}: {msg}")
+                    };
+                    report.failed.push((path, msg));
                 }
             }
         }
@@ -118,6 +130,7 @@ impl Ingestor {
                         source: doc.source.clone(),
                         title: doc.title.clone(),
                         chunk_index: c.index,
+                        page: doc.page_of(c.start),
                         span: Span {
                             start: c.start,
                             end: c.end,

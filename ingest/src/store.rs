@@ -40,6 +40,9 @@ pub struct ChunkPayload {
     pub source: String,
     pub title: String,
     pub chunk_index: usize,
+    /// 1-based page the chunk starts on, for paged formats (PDF).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page: Option<u32>,
     pub span: Span,
     pub text: String,
 }
@@ -281,6 +284,7 @@ mod tests {
             source: source.into(),
             title: "t".into(),
             chunk_index: i,
+            page: None,
             span: Span {
                 start: i,
                 end: i + 1,

@@ -69,13 +69,13 @@ fn reingest_is_incremental_and_failures_leave_nothing() {
 
     // a bad file is reported with its name and leaves nothing behind; the rest goes on
     let bad = docs.join("bad.txt");
-    std::fs::write(&bad, [0xffu8, 0xfe, 0xfd]).unwrap();
+    std::fs::write(&bad, b"abc\0def").unwrap();
     let r = ingestor
         .ingest_paths(std::slice::from_ref(&docs), &Silent)
         .unwrap();
     assert_eq!(r.failed.len(), 1);
     assert!(r.failed[0].0.ends_with("bad.txt"));
-    assert!(r.failed[0].1.contains("UTF-8"), "{}", r.failed[0].1);
+    assert!(r.failed[0].1.contains("binary"), "{}", r.failed[0].1);
     assert_eq!(store.len().unwrap(), 2);
 
     // search finds the right chunk with a checkable span

@@ -8,3 +8,4 @@ mod embedding;
 mod generation;
 mod helpers;
 mod ingest;
+mod parsers;
