@@ -107,10 +107,18 @@ fn normalise_markers(answer: &str, blocks: usize) -> (String, Vec<(usize, String
     (out.trim().to_string(), cited)
 }
 
+/// Function words that say nothing about support.
+const STOPWORDS: &[&str] = &[
+    "the", "and", "for", "that", "this", "with", "are", "was", "were", "has", "have", "had", "not",
+    "but", "from", "its", "his", "her", "their", "they", "you", "your", "can", "will", "which",
+    "what", "who", "how", "when", "where", "why", "also", "into", "than", "then", "there", "these",
+    "those", "been", "being", "such", "any", "all", "our", "out", "use",
+];
+
 fn words(text: &str) -> HashSet<String> {
     WORD.find_iter(text)
         .map(|w| w.as_str().to_lowercase())
-        .filter(|w| w.chars().count() > 2)
+        .filter(|w| w.chars().count() > 2 && !STOPWORDS.contains(&w.as_str()))
         .collect()
 }
 
@@ -234,6 +242,19 @@ mod tests {
         assert_eq!(
             best_quote(chunk, "The package manager is Cargo"),
             "Cargo is the Rust build tool and package manager!"
+        );
+    }
+
+    #[test]
+    fn function_words_do_not_decide_the_quote() {
+        let chunk = "Ownership is the feature that is for the language with the rest. \
+                     It enables memory safety without a garbage collector.";
+        assert_eq!(
+            best_quote(
+                chunk,
+                "Ownership is a feature that gives memory safety with no garbage collector, for the language"
+            ),
+            "It enables memory safety without a garbage collector."
         );
     }
 
