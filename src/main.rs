@@ -155,41 +155,70 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// The ingest progress bar (hidden when stderr is not a terminal).
-struct Bar(ProgressBar);
+/// The ingest progress bar (hidden when stderr is not a terminal): bytes of input, files,
+/// chunks, chunks per second and the estimated time left.
+struct Bar {
+    bar: ProgressBar,
+    files: std::sync::atomic::AtomicUsize,
+    total_files: std::sync::atomic::AtomicUsize,
+    chunks: std::sync::atomic::AtomicUsize,
+    started: std::time::Instant,
+}
 
 impl Bar {
     fn new() -> Self {
         let bar = ProgressBar::new(0);
         bar.set_style(
             ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} files, ETA {eta} {msg}",
+                "{spinner} [{elapsed_precise}] {bar:30} {binary_bytes}/{binary_total_bytes} {msg}, ETA {eta}",
             )
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
-        Bar(bar)
+        Bar {
+            bar,
+            files: Default::default(),
+            total_files: Default::default(),
+            chunks: Default::default(),
+            started: std::time::Instant::now(),
+        }
     }
     fn finish(&self) {
-        self.0.finish_and_clear();
+        self.bar.finish_and_clear();
+    }
+}
+
+impl Bar {
+    fn refresh(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let chunks = self.chunks.load(Relaxed);
+        let rate = chunks as f64 / self.started.elapsed().as_secs_f64().max(1e-3);
+        self.bar.set_message(format!(
+            "| {}/{} files | {chunks} chunks, {rate:.0}/s",
+            self.files.load(Relaxed),
+            self.total_files.load(Relaxed)
+        ));
     }
 }
 
 impl Progress for Bar {
-    fn start(&self, files: usize) {
-        self.0.set_length(files as u64);
+    fn start(&self, files: usize, bytes: u64) {
+        self.total_files
+            .store(files, std::sync::atomic::Ordering::Relaxed);
+        self.bar.set_length(bytes);
+        self.refresh();
     }
-    fn file_done(&self, path: &Path, result: &Result<Outcome, String>) {
-        self.0.inc(1);
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        match result {
-            Ok(Outcome::Ingested { chunks, .. }) => {
-                self.0.set_message(format!("{name}: {chunks} chunks"))
-            }
-            Ok(Outcome::Unchanged { .. }) => self.0.set_message(format!("{name}: unchanged")),
-            Err(e) => self.0.println(format!("failed: {e}")),
+    fn advance(&self, chunks: usize, bytes: u64) {
+        self.chunks
+            .fetch_add(chunks, std::sync::atomic::Ordering::Relaxed);
+        self.bar.inc(bytes);
+        self.refresh();
+    }
+    fn file_done(&self, _path: &Path, result: &Result<Outcome, String>) {
+        self.files
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.refresh();
+        if let Err(e) = result {
+            self.bar.println(format!("failed: {e}"));
         }
     }
 }

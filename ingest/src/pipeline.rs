@@ -45,7 +45,11 @@ impl Report {
 
 /// Progress notifications, so the CLI can draw a bar and the service can track jobs.
 pub trait Progress: Send + Sync {
-    fn start(&self, _files: usize) {}
+    /// Once, with the number of files and their total size in bytes.
+    fn start(&self, _files: usize, _bytes: u64) {}
+    /// `chunks` more chunks were embedded, covering about `bytes` more bytes of input.
+    fn advance(&self, _chunks: usize, _bytes: u64) {}
+    /// A file is finished (ingested, unchanged or failed).
     fn file_done(&self, _path: &Path, _result: &std::result::Result<Outcome, String>) {}
 }
 
@@ -72,13 +76,26 @@ impl Ingestor {
     /// behind; the others go on.
     pub fn ingest_paths(&self, paths: &[PathBuf], progress: &dyn Progress) -> Result<Report> {
         let found = load::discover(paths)?;
-        progress.start(found.files.len());
+        let sizes: Vec<u64> = found
+            .files
+            .iter()
+            .map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0))
+            .collect();
+        progress.start(found.files.len(), sizes.iter().sum());
         let mut report = Report {
             skipped: found.skipped,
             ..Report::default()
         };
-        for path in found.files {
-            let result = load::load_file(&path).and_then(|doc| self.ingest_document(&doc));
+        for (path, size) in found.files.into_iter().zip(sizes) {
+            let advanced = std::cell::Cell::new(0u64);
+            let on_batch = |done: usize, total: usize| {
+                let bytes = size * done as u64 / total.max(1) as u64;
+                advanced.set(advanced.get() + bytes);
+                progress.advance(done, bytes);
+            };
+            let result =
+                load::load_file(&path).and_then(|doc| self.ingest_document_with(&doc, &on_batch));
+            progress.advance(0, size.saturating_sub(advanced.get()));
             let shown = result.as_ref().map(Clone::clone).map_err(|e| e.to_string());
             progress.file_done(&path, &shown);
             match result {
@@ -108,6 +125,16 @@ impl Ingestor {
     /// Splits, embeds and stores one document. Unchanged content is a no-op; a changed
     /// document replaces the older version's chunks of the same source.
     pub fn ingest_document(&self, doc: &Document) -> Result<Outcome> {
+        self.ingest_document_with(doc, &|_, _| {})
+    }
+
+    /// [`Self::ingest_document`], calling `on_batch(chunks_in_batch, chunks_in_document)`
+    /// after each embedding batch.
+    pub fn ingest_document_with(
+        &self,
+        doc: &Document,
+        on_batch: &dyn Fn(usize, usize),
+    ) -> Result<Outcome> {
         let _span = info_span!("ingest", source = %doc.source).entered();
         let previous = self.store.documents_of_source(&doc.source)?;
         if self.store.chunk_count(&doc.id)? > 0 {
@@ -118,8 +145,12 @@ impl Ingestor {
         }
         let chunks = self.splitter.split(doc);
         let texts: Vec<&str> = chunks.iter().map(|c| c.text.as_str()).collect();
-        let embeddings = self.embedder.embed_documents(&texts)?;
         let n = chunks.len();
+        let mut embeddings = Vec::with_capacity(n);
+        for batch in texts.chunks(self.embedder.config().batch_size.max(1)) {
+            embeddings.extend(self.embedder.embed_documents(batch)?);
+            on_batch(batch.len(), n);
+        }
         let points = chunks
             .into_iter()
             .zip(embeddings)
