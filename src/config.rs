@@ -89,6 +89,8 @@ pub struct GenerationConfig {
     /// `cpu`, or `auto` to use CUDA when built with it.
     pub device: String,
     pub max_tokens: usize,
+    /// Largest `max_tokens` a request may ask for.
+    pub max_tokens_limit: usize,
     pub temperature: f64,
     /// 1.0 is off. Above 1 also penalises copying the context, which hurts RAG answers.
     pub repetition_penalty: f32,
@@ -136,6 +138,7 @@ impl Default for Config {
                 dtype: "f32".into(),
                 device: "cpu".into(),
                 max_tokens: 256,
+                max_tokens_limit: 1024,
                 temperature: 0.0,
                 repetition_penalty: 1.0,
                 max_num_seqs: 8,
@@ -161,7 +164,12 @@ impl Config {
             Some(f) => fig = fig.merge(Toml::file(f)),
             None => fig = fig.merge(Toml::file(DEFAULT_CONFIG_FILE)),
         }
-        fig = fig.merge(Env::prefixed("DOCENT_").split("__"));
+        // DOCENT_MODELS_DIR and DOCENT_SHARED_DIR belong to the setup script and the tests.
+        fig = fig.merge(
+            Env::prefixed("DOCENT_")
+                .ignore(&["models_dir", "shared_dir"])
+                .split("__"),
+        );
         let config: Config = fig
             .extract()
             .map_err(|e| ConfigError::Parse(e.to_string()))?;
@@ -228,6 +236,21 @@ impl Config {
                     "must be in 0.5..=2, got {}",
                     self.generation.repetition_penalty
                 ),
+            );
+        }
+        if self.generation.max_tokens > self.generation.max_tokens_limit {
+            return invalid(
+                "generation.max_tokens",
+                format!(
+                    "must not exceed generation.max_tokens_limit ({}), got {}",
+                    self.generation.max_tokens_limit, self.generation.max_tokens
+                ),
+            );
+        }
+        if self.server.max_body_bytes < 256 || self.server.max_question_chars == 0 {
+            return invalid(
+                "server.max_body_bytes",
+                "server.max_body_bytes must be at least 256 and server.max_question_chars at least 1".into(),
             );
         }
         if self.generation.max_tokens == 0 || self.generation.max_num_seqs == 0 {
@@ -304,6 +327,8 @@ mod tests {
         std::fs::write(&f, "data_dir = \"/srv/x\"\n[retrieval]\ntop_k = 7\n").unwrap();
         figment::Jail::expect_with(|jail| {
             jail.set_env("DOCENT_GENERATION__MAX_TOKENS", "64");
+            jail.set_env("DOCENT_SHARED_DIR", "/elsewhere");
+            jail.set_env("DOCENT_MODELS_DIR", "/models");
             let c = Config::load(Some(&f)).map_err(|e| e.to_string())?;
             assert_eq!(c.data_dir, PathBuf::from("/srv/x"));
             assert_eq!(c.retrieval.top_k, 7);

@@ -183,6 +183,7 @@ mod tests {
                 source: format!("/{doc}.md"),
                 title: doc.into(),
                 chunk_index: 0,
+                pipeline: String::new(),
                 page: None,
                 span: Span {
                     start: 0,

@@ -103,7 +103,7 @@ impl Limits {
             default_top_k: c.retrieval.top_k,
             max_top_k: c.retrieval.max_top_k,
             default_max_tokens: c.generation.max_tokens,
-            max_tokens: c.generation.max_tokens.max(2048),
+            max_tokens: c.generation.max_tokens_limit,
             default_temperature: c.generation.temperature,
             default_repetition_penalty: c.generation.repetition_penalty,
             max_question_chars: c.server.max_question_chars,

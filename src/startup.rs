@@ -28,7 +28,11 @@ pub fn open_index(config: &Config) -> anyhow::Result<Index> {
         threads: e.threads,
         batch_size: e.batch_size,
     })?);
-    let store = Arc::new(Store::open(&config.data_dir, embedder.dim())?);
+    let store = Arc::new(Store::open(
+        &config.data_dir,
+        embedder.dim(),
+        embedder.model_sha256(),
+    )?);
     Ok(Index { embedder, store })
 }
 

@@ -54,6 +54,7 @@ pub struct Embedder {
     bm25: EdgeBm25,
     sizing_tokenizer: Arc<Tokenizer>,
     dim: usize,
+    model_sha256: String,
     config: EmbedderConfig,
 }
 
@@ -108,6 +109,10 @@ impl Embedder {
         init_onnx_runtime(&config.ort_library)?;
         let [onnx, tokenizer_file, config_file, special_tokens_map_file, tokenizer_config_file] =
             <[Vec<u8>; 5]>::try_from(files).map_err(|_| Error::Embed("model files".into()))?;
+        let model_sha256 = {
+            use sha2::Digest;
+            hex::encode(sha2::Sha256::digest(&onnx))
+        };
 
         let sizing = Tokenizer::from_bytes(&tokenizer_file)
             .map_err(|e| Error::Tokenizer(e.to_string()))
@@ -145,6 +150,7 @@ impl Embedder {
             bm25,
             sizing_tokenizer: Arc::new(sizing),
             dim,
+            model_sha256,
             config,
         })
     }
@@ -152,6 +158,11 @@ impl Embedder {
     /// Dense vector size.
     pub fn dim(&self) -> usize {
         self.dim
+    }
+
+    /// SHA-256 of the ONNX model: vectors from different models must not be mixed.
+    pub fn model_sha256(&self) -> &str {
+        &self.model_sha256
     }
 
     pub fn config(&self) -> &EmbedderConfig {

@@ -75,7 +75,17 @@ impl Ingestor {
     /// Ingests files and directories. A file that fails is reported and leaves nothing
     /// behind; the others go on.
     pub fn ingest_paths(&self, paths: &[PathBuf], progress: &dyn Progress) -> Result<Report> {
-        let found = load::discover(paths)?;
+        let mut found = load::Discovered::default();
+        let mut unreadable = Vec::new();
+        for p in paths {
+            match load::discover(std::slice::from_ref(p)) {
+                Ok(d) => {
+                    found.files.extend(d.files);
+                    found.skipped.extend(d.skipped);
+                }
+                Err(e) => unreadable.push((p.clone(), e.to_string())),
+            }
+        }
         let sizes: Vec<u64> = found
             .files
             .iter()
@@ -84,6 +94,7 @@ impl Ingestor {
         progress.start(found.files.len(), sizes.iter().sum());
         let mut report = Report {
             skipped: found.skipped,
+            failed: unreadable,
             ..Report::default()
         };
         for (path, size) in found.files.into_iter().zip(sizes) {
@@ -136,12 +147,21 @@ impl Ingestor {
         on_batch: &dyn Fn(usize, usize),
     ) -> Result<Outcome> {
         let _span = info_span!("ingest", source = %doc.source).entered();
+        let pipeline = self.fingerprint();
         let previous = self.store.documents_of_source(&doc.source)?;
-        if self.store.chunk_count(&doc.id)? > 0 {
-            self.remove_stale(&previous, &doc.id)?;
+        if self
+            .store
+            .version_chunk_count(&doc.id, &doc.source, &pipeline)?
+            > 0
+        {
+            self.remove_stale(&previous, doc)?;
             return Ok(Outcome::Unchanged {
                 document_id: doc.id.clone(),
             });
+        }
+        if previous.contains(&doc.id) {
+            // the same content made with other settings: replace it
+            self.store.delete_version(&doc.id, &doc.source)?;
         }
         let chunks = self.splitter.split(doc);
         let texts: Vec<&str> = chunks.iter().map(|c| c.text.as_str()).collect();
@@ -161,6 +181,7 @@ impl Ingestor {
                         source: doc.source.clone(),
                         title: doc.title.clone(),
                         chunk_index: c.index,
+                        pipeline: pipeline.clone(),
                         page: doc.page_of(c.start),
                         span: Span {
                             start: c.start,
@@ -174,10 +195,13 @@ impl Ingestor {
             .collect();
         if let Err(e) = self.store.upsert(points) {
             // leave nothing of a failed document behind
-            let _ = self.store.delete_document(&doc.id);
+            let _ = self.store.delete_version(&doc.id, &doc.source);
             return Err(e);
         }
-        self.remove_stale(&previous, &doc.id)?;
+        if let Err(e) = self.remove_stale(&previous, doc) {
+            // the new version is stored; an old one may linger until the next run
+            warn!(error = %e, "could not remove the previous version");
+        }
         debug!(chunks = n, document_id = %doc.id, "ingested");
         Ok(Outcome::Ingested {
             document_id: doc.id.clone(),
@@ -185,13 +209,24 @@ impl Ingestor {
         })
     }
 
+    /// How chunks are made now: the embedding model and the chunking settings.
+    fn fingerprint(&self) -> String {
+        format!(
+            "{}/{}/{}",
+            self.embedder.model_sha256().get(..16).unwrap_or(""),
+            self.splitter.max_tokens(),
+            self.splitter.overlap()
+        )
+    }
+
+    /// Deletes the older versions of `doc`'s source.
     fn remove_stale(
         &self,
         previous: &std::collections::BTreeSet<String>,
-        current: &str,
+        doc: &Document,
     ) -> Result<()> {
-        for old in previous.iter().filter(|id| id.as_str() != current) {
-            self.store.delete_document(old)?;
+        for old in previous.iter().filter(|id| **id != doc.id) {
+            self.store.delete_version(old, &doc.source)?;
         }
         Ok(())
     }

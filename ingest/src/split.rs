@@ -31,6 +31,7 @@ pub struct Splitter {
     text: TextSplitter<Arc<Tokenizer>>,
     markdown: MarkdownSplitter<Arc<Tokenizer>>,
     max_tokens: usize,
+    overlap: usize,
     tokenizer: Arc<Tokenizer>,
 }
 
@@ -63,12 +64,17 @@ impl Splitter {
             text: TextSplitter::new(config(tokenizer.clone())?),
             markdown: MarkdownSplitter::new(config(tokenizer.clone())?),
             max_tokens,
+            overlap,
             tokenizer,
         })
     }
 
     pub fn max_tokens(&self) -> usize {
         self.max_tokens
+    }
+
+    pub fn overlap(&self) -> usize {
+        self.overlap
     }
 
     /// Token count of `text` without special tokens, as the sizer counts it.

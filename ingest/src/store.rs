@@ -40,6 +40,10 @@ pub struct ChunkPayload {
     pub source: String,
     pub title: String,
     pub chunk_index: usize,
+    /// How the chunk was made (embedding model and chunking settings); a document whose
+    /// chunks were made differently is re-ingested.
+    #[serde(default)]
+    pub pipeline: String,
     /// 1-based page the chunk starts on, for paged formats (PDF).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub page: Option<u32>,
@@ -68,29 +72,81 @@ fn key(name: &str) -> Result<JsonPath> {
     JsonPath::try_from(name).map_err(|_| Error::Store(format!("invalid payload key {name:?}")))
 }
 
-fn match_keyword(field: &str, value: &str) -> Result<Filter> {
-    Ok(Filter::new_must(Condition::Field(
-        FieldCondition::new_match(
-            key(field)?,
-            Match::new_value(ValueVariants::String(value.to_string())),
-        ),
+fn keyword(field: &str, value: &str) -> Result<Condition> {
+    Ok(Condition::Field(FieldCondition::new_match(
+        key(field)?,
+        Match::new_value(ValueVariants::String(value.to_string())),
     )))
 }
 
-/// Deterministic point id of a chunk.
-pub fn point_id(document_id: &str, chunk_index: usize) -> u64 {
-    let digest = Sha256::digest(format!("{document_id}:{chunk_index}").as_bytes());
+fn match_keyword(field: &str, value: &str) -> Result<Filter> {
+    Ok(Filter::new_must(keyword(field, value)?))
+}
+
+/// Points of one document version at one source.
+fn version_filter(document_id: &str, source: &str) -> Result<Filter> {
+    Ok(Filter {
+        must: Some(vec![
+            keyword("document_id", document_id)?,
+            keyword("source", source)?,
+        ]),
+        ..Default::default()
+    })
+}
+
+/// The embedding model an index was built with, in `index.json` beside the engine's files.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct Identity {
+    embedding_model_sha256: String,
+    dim: usize,
+}
+
+fn check_identity(dir: &Path, dim: usize, model: &str) -> Result<()> {
+    let file = dir.join("index.json");
+    let want = Identity {
+        embedding_model_sha256: model.to_string(),
+        dim,
+    };
+    match std::fs::read(&file) {
+        Ok(bytes) => {
+            let have: Identity = serde_json::from_slice(&bytes)
+                .map_err(|e| Error::Store(format!("{}: {e}", file.display())))?;
+            if have != want {
+                return Err(Error::Store(format!(
+                    "the index in {} was built with another embedding model (sha256 {}…, {} dimensions); use a new data directory or re-ingest into an empty one",
+                    dir.display(),
+                    &have.embedding_model_sha256.get(..12).unwrap_or(""),
+                    have.dim
+                )));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let tmp = dir.join("index.json.tmp");
+            let json = serde_json::to_vec_pretty(&want).map_err(store_err)?;
+            std::fs::write(&tmp, json).map_err(|e| Error::io(&tmp, e))?;
+            std::fs::rename(&tmp, &file).map_err(|e| Error::io(&file, e))
+        }
+        Err(e) => Err(Error::io(&file, e)),
+    }
+}
+
+/// Deterministic point id of a chunk of a document version at a source.
+pub fn point_id(document_id: &str, source: &str, chunk_index: usize) -> u64 {
+    let digest = Sha256::digest(format!("{document_id}\0{source}\0{chunk_index}").as_bytes());
     let mut bytes = [0u8; 8];
     bytes.copy_from_slice(&digest[..8]);
     u64::from_le_bytes(bytes)
 }
 
 impl Store {
-    /// Opens the store in `dir` (created if needed) for dense vectors of size `dim`.
-    /// Fails with a clear message if the directory holds vectors of another size.
-    pub fn open(dir: &Path, dim: usize) -> Result<Self> {
+    /// Opens the store in `dir` (created if needed) for dense vectors of size `dim` made by
+    /// the embedding model with SHA-256 `model`. Fails with a clear message if the directory
+    /// holds vectors of another model or size.
+    pub fn open(dir: &Path, dim: usize, model: &str) -> Result<Self> {
         let path = dir.join("qdrant");
         std::fs::create_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+        check_identity(dir, dim, model)?;
         let config = EdgeConfig::builder()
             .vector(
                 DENSE,
@@ -138,7 +194,7 @@ impl Store {
         let points = chunks
             .into_iter()
             .map(|(payload, emb)| {
-                let id = point_id(&payload.document_id, payload.chunk_index);
+                let id = point_id(&payload.document_id, &payload.source, payload.chunk_index);
                 let json = serde_json::to_value(&payload).map_err(store_err)?;
                 let vectors = Vectors::new_named([
                     (DENSE, Vector::new_dense(emb.dense)),
@@ -161,6 +217,30 @@ impl Store {
                 PointOperations::DeletePointsByFilter(match_keyword("document_id", document_id)?),
             ))
             .map_err(store_err)
+    }
+
+    /// Removes the chunks of one document version at one source, leaving the same content
+    /// stored under other sources alone.
+    pub fn delete_version(&self, document_id: &str, source: &str) -> Result<()> {
+        self.shard
+            .update(UpdateOperation::PointOperation(
+                PointOperations::DeletePointsByFilter(version_filter(document_id, source)?),
+            ))
+            .map_err(store_err)
+    }
+
+    /// Number of chunks of a document version at a source made by `pipeline`.
+    pub fn version_chunk_count(
+        &self,
+        document_id: &str,
+        source: &str,
+        pipeline: &str,
+    ) -> Result<usize> {
+        let mut f = version_filter(document_id, source)?;
+        if let Some(must) = f.must.as_mut() {
+            must.push(keyword("pipeline", pipeline)?);
+        }
+        self.count(Some(f))
     }
 
     /// Number of chunks stored for a document.
@@ -284,6 +364,7 @@ mod tests {
             source: source.into(),
             title: "t".into(),
             chunk_index: i,
+            pipeline: "p".into(),
             page: None,
             span: Span {
                 start: i,
@@ -297,7 +378,7 @@ mod tests {
     fn upsert_search_delete_and_reopen() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let s = Store::open(dir.path(), 3).unwrap();
+            let s = Store::open(dir.path(), 3, "m").unwrap();
             s.upsert(vec![
                 (payload("a", 0, "/a"), emb([1.0, 0.0, 0.0])),
                 (payload("a", 1, "/a"), emb([0.0, 1.0, 0.0])),
@@ -324,19 +405,25 @@ mod tests {
             s.flush();
         }
         // persisted across reopen
-        let s = Store::open(dir.path(), 3).unwrap();
+        let s = Store::open(dir.path(), 3, "m").unwrap();
         assert_eq!(s.len().unwrap(), 1);
         assert_eq!(s.chunk_count("b").unwrap(), 1);
         drop(s);
-        // another vector size is refused with a clear error
-        let err = Store::open(dir.path(), 4).err().unwrap().to_string();
-        assert!(err.contains("cannot open the index"), "{err}");
+        // another model or vector size is refused with a clear error
+        let err = Store::open(dir.path(), 4, "m").err().unwrap().to_string();
+        assert!(err.contains("another embedding model"), "{err}");
+        let err = Store::open(dir.path(), 3, "other")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("another embedding model"), "{err}");
     }
 
     #[test]
     fn point_ids_are_stable_and_distinct() {
-        assert_eq!(point_id("a", 0), point_id("a", 0));
-        assert_ne!(point_id("a", 0), point_id("a", 1));
-        assert_ne!(point_id("a", 0), point_id("b", 0));
+        assert_eq!(point_id("a", "/x", 0), point_id("a", "/x", 0));
+        assert_ne!(point_id("a", "/x", 0), point_id("a", "/x", 1));
+        assert_ne!(point_id("a", "/x", 0), point_id("b", "/x", 0));
+        assert_ne!(point_id("a", "/x", 0), point_id("a", "/y", 0));
     }
 }

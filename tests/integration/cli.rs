@@ -19,8 +19,8 @@ fn ingest_then_ask_json() {
 
     // an unsupported file named explicitly is refused with its name and the supported types
     let out = docent_cmd(&index).arg("ingest").arg(&bad).output().unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "exit code 2: some files failed");
+    let err = String::from_utf8_lossy(&out.stdout);
     assert!(
         err.contains("slides.pptx") && err.contains("supported: txt, md"),
         "{err}"

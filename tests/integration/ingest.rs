@@ -118,3 +118,43 @@ fn chunks_never_exceed_the_embedding_limit() {
         assert_eq!(&doc.text[chunk.start..chunk.end], chunk.text);
     }
 }
+
+#[test]
+fn same_content_at_two_sources_and_changed_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let (x, y) = (dir.path().join("x.md"), dir.path().join("y.md"));
+    std::fs::write(&x, "# Shared\n\nThe same licence text.\n").unwrap();
+    std::fs::write(&y, "# Shared\n\nThe same licence text.\n").unwrap();
+    let missing = dir.path().join("missing.md");
+
+    let mut c = config(&dir.path().join("index"));
+    {
+        let index = startup::open_index(&c).unwrap();
+        let ingestor = startup::ingestor(&c, &index).unwrap();
+        // a missing path is reported; the other files are still ingested
+        let r = ingestor
+            .ingest_paths(&[x.clone(), y.clone(), missing.clone()], &Silent)
+            .unwrap();
+        assert_eq!(r.ingested.len(), 2, "{r:?}");
+        assert_eq!(r.failed.len(), 1);
+        assert!(r.failed[0].1.contains("missing.md"), "{:?}", r.failed);
+        assert_eq!(index.store.len().unwrap(), 2);
+
+        // editing x leaves y's copy of the old content alone
+        std::fs::write(&x, "# Changed\n\nNew text.\n").unwrap();
+        ingestor
+            .ingest_paths(std::slice::from_ref(&x), &Silent)
+            .unwrap();
+        let hits = index.retrieve("the same licence text", 2).unwrap().hits;
+        assert!(hits.iter().any(|h| h.payload.source.ends_with("y.md")));
+        assert_eq!(index.store.len().unwrap(), 2);
+    }
+    // other chunking settings: nothing is "unchanged", every file is made again
+    c.chunking.max_tokens = 64;
+    c.chunking.overlap = 8;
+    let index = startup::open_index(&c).unwrap();
+    let ingestor = startup::ingestor(&c, &index).unwrap();
+    let r = ingestor.ingest_paths(&[x, y], &Silent).unwrap();
+    assert_eq!(r.ingested.len(), 2, "{r:?}");
+    assert_eq!(index.store.len().unwrap(), 2);
+}
