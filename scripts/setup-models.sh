@@ -20,6 +20,9 @@ command -v "$py" >/dev/null 2>&1 || die "python3 is required (Debian: apt-get in
 "$py" -m pip --version >/dev/null 2>&1 || die "pip is required (Debian: apt-get install python3-pip)"
 "$py" -c 'import venv, ensurepip' >/dev/null 2>&1 || die "the venv module is required (Debian: apt-get install python3-venv)"
 command -v sha256sum >/dev/null 2>&1 || die "sha256sum is required (coreutils)"
+"$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+  || die "Python 3.11 or newer is required for the ONNX export (found $("$py" -V 2>&1)); set PYTHON=/path/to/python3.11"
+[ "$(uname -m)" = x86_64 ] || die "the pinned ONNX Runtime build is for x86_64 Linux; on $(uname -m) set embedding.ort_library to your own libonnxruntime.so (>= 1.24)"
 
 mkdir -p "$dl"
 
@@ -79,13 +82,14 @@ check "$models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" b179c9523d0e6a0f98a330c7
 venv=$models/.venv
 stamp=$venv/.docent-pins
 pins="numpy==2.3.5 onnx==1.19.1 tokenizers==0.22.1 onnxruntime==1.24.4"
-if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$pins" ]; then
+want="$pins $("$py" -V 2>&1)"
+if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   say "creating the export environment in $venv"
-  "$py" -m venv "$venv"
+  "$py" -m venv --clear "$venv"
   # shellcheck disable=SC2086
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --find-links "$dl" $pins \
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --only-binary=:all: --find-links "$dl" $pins \
     || die "installing $pins into $venv failed"
-  echo "$pins" > "$stamp"
+  echo "$want" > "$stamp"
 fi
 
 # Export (verified; written atomically by the script) unless done for this script version.

@@ -28,7 +28,8 @@ pub struct Citation {
 
 /// `[1]`, `[1, 2]`, `[1-3]`, `[ 2 ]`, `[1][2]`…
 static MARKER: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"\s*\[\s*(\d{1,3}(?:\s*(?:,|-|–)\s*\d{1,3})*)\s*\]").expect("valid regex")
+    Regex::new(r"[ \t]*\[[ \t]*(\d{1,3}(?:[ \t]*(?:,|-|–)[ \t]*\d{1,3})*)[ \t]*\]")
+        .expect("valid regex")
 });
 static SENTENCE_END: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"[.!?](\s+|$)|\n\s*\n").expect("valid regex"));
@@ -47,7 +48,7 @@ pub fn truncate_at_stop<'a>(text: &'a str, stops: &[String]) -> &'a str {
 }
 
 /// Expands a marker body such as `1, 3-4` into block numbers.
-fn marker_numbers(body: &str) -> Vec<usize> {
+fn marker_numbers(body: &str, blocks: usize) -> Vec<usize> {
     let mut out = Vec::new();
     for part in body.split(',') {
         let bounds: Vec<usize> = part
@@ -56,51 +57,92 @@ fn marker_numbers(body: &str) -> Vec<usize> {
             .collect();
         match bounds.as_slice() {
             [a] => out.push(*a),
-            [a, b] if a <= b && b - a < 20 => out.extend(*a..=*b),
+            [a, b] if a <= b => out.extend(*a..=(*b).min(blocks.max(*a))),
             _ => {}
         }
     }
     out
 }
 
+/// Whether byte offset `at` is inside Markdown code (a fenced block or an inline span),
+/// where `[0]` is an index, not a citation.
+fn in_code(text: &str, at: usize) -> bool {
+    let before = &text[..at];
+    let fences = before.matches("```").count();
+    if fences % 2 == 1 {
+        return true;
+    }
+    (before.matches('`').count() - 3 * fences) % 2 == 1
+}
+
+fn has_words(s: &str) -> bool {
+    s.chars().any(char::is_alphanumeric)
+}
+
+/// The last sentence of `text`.
+fn last_sentence(text: &str) -> &str {
+    let t = text.trim();
+    let mut start = 0;
+    for m in SENTENCE_END.find_iter(t) {
+        if m.end() < t.len() {
+            start = m.end();
+        }
+    }
+    t[start..].trim()
+}
+
 /// Rewrites markers into the normal form ` [1][2]`, keeping only numbers `1..=blocks`,
 /// and returns the rewritten answer with the cited numbers in order of first use, each
-/// with the answer text that cites it: the text before the marker, or, for a marker that
-/// opens a sentence (small models often write `[1] Claim.`), the text after it.
+/// with the answer text that cites it. A marker normally cites the sentence before it;
+/// when the answer opens with a marker (small models often write `[1] Claim. [2] Claim.`),
+/// each marker cites the text after it. Adjacent markers (`[1][2]`, `[1], [2]`) share a
+/// claim. Brackets in code and link texts (`[1](url)`) are left alone.
 fn normalise_markers(answer: &str, blocks: usize) -> (String, Vec<(usize, String)>) {
     let matches: Vec<(usize, usize, String)> = MARKER
         .captures_iter(answer)
         .filter_map(|m| {
             let whole = m.get(0)?;
-            Some((whole.start(), whole.end(), m[1].to_string()))
+            let link = answer[whole.end()..].starts_with('(');
+            (!link && !in_code(answer, whole.start()))
+                .then(|| (whole.start(), whole.end(), m[1].to_string()))
         })
         .collect();
+    let opening = matches.first().is_some_and(|m| !has_words(&answer[..m.0]));
     let mut out = String::with_capacity(answer.len());
     let mut cited: Vec<(usize, String)> = Vec::new();
     let mut last = 0;
+    let mut previous_claim = String::new();
     for (i, (start, end, body)) in matches.iter().enumerate() {
         out.push_str(&answer[last..*start]);
-        let before = answer[last..*start].trim();
+        let before = &answer[last..*start];
         let next_start = matches.get(i + 1).map_or(answer.len(), |m| m.0);
         let after = answer[*end..next_start].trim();
-        let claim = if before.is_empty() { after } else { before };
+        let claim = if opening && has_words(after) {
+            after.to_string()
+        } else if has_words(before) {
+            last_sentence(before).to_string()
+        } else {
+            previous_claim.clone()
+        };
         let mut seen = HashSet::new();
-        let valid = marker_numbers(body)
+        let valid = marker_numbers(body, blocks)
             .into_iter()
             .filter(|n| (1..=blocks).contains(n) && seen.insert(*n));
         for (k, n) in valid.enumerate() {
-            if k == 0 {
+            if k == 0 && !out.is_empty() && !out.ends_with(|c: char| c.is_whitespace() || c == ']')
+            {
                 out.push(' ');
             }
             out.push_str(&format!("[{n}]"));
             match cited.iter_mut().find(|(c, _)| *c == n) {
                 Some((_, ctx)) => {
                     ctx.push(' ');
-                    ctx.push_str(claim);
+                    ctx.push_str(&claim);
                 }
-                None => cited.push((n, claim.to_string())),
+                None => cited.push((n, claim.clone())),
             }
         }
+        previous_claim = claim;
         last = *end;
     }
     out.push_str(&answer[last..]);
@@ -234,6 +276,38 @@ mod tests {
             cits[0].quote,
             "It manages memory without a garbage collector."
         );
+    }
+
+    #[test]
+    fn claims_follow_the_citation_style() {
+        let blocks = [
+            hit("a", "Rust is safe. Other words here."),
+            hit("b", "Intro line. Cargo builds code quickly."),
+        ];
+        // markers that open sentences cite the text after them
+        let (_, cits) = cite("[1] Rust is safe. [2] Cargo builds code.", &blocks);
+        assert_eq!(cits[0].quote, "Rust is safe.");
+        assert_eq!(cits[1].quote, "Cargo builds code quickly.");
+        // adjacent markers share the sentence before them
+        let (text, cits) = cite("Intro. Cargo builds code [1][2].", &blocks);
+        assert_eq!(text, "Intro. Cargo builds code [1][2].");
+        assert_eq!(cits[1].quote, "Cargo builds code quickly.");
+        let (_, cits) = cite("Cargo builds code quickly [2], [1].", &blocks);
+        assert_eq!(cits[0].quote, "Cargo builds code quickly.");
+    }
+
+    #[test]
+    fn code_links_and_newlines_are_left_alone() {
+        let blocks = [hit("a", "A."), hit("b", "B.")];
+        let (text, cits) = cite("Steps:\n[1] Install.\n[2] Run `v[1]` and `a[0]`.", &blocks);
+        assert_eq!(text, "Steps:\n[1] Install.\n[2] Run `v[1]` and `a[0]`.");
+        assert_eq!(cits.len(), 2);
+        let (text, cits) = cite("See [1](http://x) and\n```\nlet x = y[2];\n```", &blocks);
+        assert_eq!(text, "See [1](http://x) and\n```\nlet x = y[2];\n```");
+        assert!(cits.is_empty());
+        // a range past the last block is clamped, not dropped
+        let (text, _) = cite("All of it [1-25].", &blocks);
+        assert_eq!(text, "All of it [1][2].");
     }
 
     #[test]
