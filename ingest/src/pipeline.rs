@@ -8,8 +8,8 @@ use tracing::{debug, info_span, warn};
 
 use crate::embed::Embedder;
 use crate::load::{self, Document};
-use crate::split::Splitter;
-use crate::store::{ChunkPayload, Span, Store};
+use crate::split::{Chunk, Splitter};
+use crate::store::{ChunkPayload, Span, Store, Version};
 use crate::Result;
 
 /// What happened to one document.
@@ -160,46 +160,48 @@ impl Ingestor {
             });
         }
         if previous.contains(&doc.id) {
-            // the same content made with other settings: replace it
+            // the same content made with other settings (same point ids): replace it
             self.store.delete_version(&doc.id, &doc.source)?;
         }
+        let version = Version {
+            document_id: doc.id.clone(),
+            source: doc.source.clone(),
+        };
         let chunks = self.splitter.split(doc);
-        let texts: Vec<&str> = chunks.iter().map(|c| c.text.as_str()).collect();
         let n = chunks.len();
-        let mut embeddings = Vec::with_capacity(n);
-        for batch in texts.chunks(self.embedder.config().batch_size.max(1)) {
-            embeddings.extend(self.embedder.embed_documents(batch)?);
-            on_batch(batch.len(), n);
-        }
-        let points = chunks
-            .into_iter()
-            .zip(embeddings)
-            .map(|(c, e)| {
-                (
-                    ChunkPayload {
-                        document_id: doc.id.clone(),
-                        source: doc.source.clone(),
-                        title: doc.title.clone(),
-                        chunk_index: c.index,
-                        pipeline: pipeline.clone(),
-                        page: doc.page_of(c.start),
-                        span: Span {
-                            start: c.start,
-                            end: c.end,
-                        },
-                        text: c.text,
-                    },
-                    e,
-                )
-            })
-            .collect();
-        if let Err(e) = self.store.upsert(points) {
+        // Written batch by batch while hidden from search; shown in one step at the end.
+        self.store.begin(&version);
+        let written = chunks
+            .chunks(self.embedder.config().batch_size.max(1))
+            .try_for_each(|batch| {
+                let texts: Vec<&str> = batch.iter().map(|c| c.text.as_str()).collect();
+                let embeddings = self.embedder.embed_documents(&texts)?;
+                let points = batch
+                    .iter()
+                    .zip(embeddings)
+                    .map(|(c, e)| (self.payload(doc, c, &pipeline), e))
+                    .collect();
+                self.store.upsert(points)?;
+                on_batch(batch.len(), n);
+                Ok(())
+            });
+        if let Err(e) = written {
             // leave nothing of a failed document behind
-            let _ = self.store.delete_version(&doc.id, &doc.source);
+            if let Err(abort) = self.store.abort(&version) {
+                warn!(error = %abort, "could not remove a partly written document");
+            }
             return Err(e);
         }
-        if let Err(e) = self.remove_stale(&previous, doc) {
-            // the new version is stored; an old one may linger until the next run
+        let replaces: Vec<Version> = previous
+            .iter()
+            .filter(|id| **id != doc.id)
+            .map(|id| Version {
+                document_id: id.clone(),
+                source: doc.source.clone(),
+            })
+            .collect();
+        if let Err(e) = self.store.publish(&version, &replaces) {
+            // the new version is visible; an old one may linger until the next run
             warn!(error = %e, "could not remove the previous version");
         }
         debug!(chunks = n, document_id = %doc.id, "ingested");
@@ -207,6 +209,22 @@ impl Ingestor {
             document_id: doc.id.clone(),
             chunks: n,
         })
+    }
+
+    fn payload(&self, doc: &Document, c: &Chunk, pipeline: &str) -> ChunkPayload {
+        ChunkPayload {
+            document_id: doc.id.clone(),
+            source: doc.source.clone(),
+            title: doc.title.clone(),
+            chunk_index: c.index,
+            pipeline: pipeline.to_string(),
+            page: doc.page_of(c.start),
+            span: Span {
+                start: c.start,
+                end: c.end,
+            },
+            text: c.text.clone(),
+        }
     }
 
     /// How chunks are made now: the embedding model and the chunking settings.

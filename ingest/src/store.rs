@@ -58,10 +58,24 @@ pub struct Hit {
     pub score: f32,
 }
 
+/// One version of a document: its content id at a source.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Version {
+    pub document_id: String,
+    pub source: String,
+}
+
 /// The embedded vector store.
+///
+/// Readers never see half a document or two versions of one source: a version being
+/// written is hidden from search until [`Store::publish`], which in one step shows it and
+/// hides the versions it replaces; those are then deleted. Searches hold the visibility
+/// lock for their duration, so a search that started before a swap finishes on the old
+/// state.
 pub struct Store {
     shard: EdgeShard,
     path: PathBuf,
+    hidden: parking_lot::RwLock<BTreeSet<Version>>,
 }
 
 fn store_err(e: impl std::fmt::Display) -> Error {
@@ -165,7 +179,11 @@ impl Store {
                 path.display()
             ))
         })?;
-        let store = Store { shard, path };
+        let store = Store {
+            shard,
+            path,
+            hidden: Default::default(),
+        };
         for field in ["document_id", "source"] {
             store
                 .shard
@@ -301,15 +319,60 @@ impl Store {
         Ok(ids)
     }
 
-    /// Nearest chunks to a dense query vector.
+    /// Hides `version` from search while it is written.
+    pub fn begin(&self, version: &Version) {
+        self.hidden.write().insert(version.clone());
+    }
+
+    /// Shows `version` and hides `replaces` in one step, then deletes `replaces`.
+    pub fn publish(&self, version: &Version, replaces: &[Version]) -> Result<()> {
+        {
+            let mut hidden = self.hidden.write();
+            hidden.remove(version);
+            hidden.extend(replaces.iter().cloned());
+        }
+        let mut result = Ok(());
+        for old in replaces {
+            if let Err(e) = self.delete_version(&old.document_id, &old.source) {
+                result = Err(e);
+                continue;
+            }
+            self.hidden.write().remove(old);
+        }
+        result
+    }
+
+    /// Deletes a version that could not be written completely.
+    pub fn abort(&self, version: &Version) -> Result<()> {
+        let r = self.delete_version(&version.document_id, &version.source);
+        if r.is_ok() {
+            self.hidden.write().remove(version);
+        }
+        r
+    }
+
+    /// Nearest chunks to a dense query vector, among published versions.
     pub fn search_dense(&self, query: &[f32], limit: usize) -> Result<Vec<Hit>> {
+        let hidden = self.hidden.read();
+        let filter = if hidden.is_empty() {
+            None
+        } else {
+            let must_not = hidden
+                .iter()
+                .map(|v| version_filter(&v.document_id, &v.source).map(Condition::Filter))
+                .collect::<Result<Vec<_>>>()?;
+            Some(Filter {
+                must_not: Some(must_not),
+                ..Default::default()
+            })
+        };
         let request = QueryRequest {
             prefetches: vec![],
             query: Some(ScoringQuery::Vector(QueryEnum::Nearest(NamedQuery {
                 query: VectorInternal::from(query.to_vec()),
                 using: Some(DENSE.into()),
             }))),
-            filter: None,
+            filter,
             score_threshold: None,
             limit,
             offset: 0,
@@ -318,6 +381,7 @@ impl Store {
             with_payload: WithPayloadInterface::Bool(true),
         };
         let points = self.shard.query(request).map_err(store_err)?;
+        drop(hidden);
         points
             .into_iter()
             .map(|p| {
@@ -417,6 +481,60 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(err.contains("another embedding model"), "{err}");
+    }
+
+    #[test]
+    fn readers_see_exactly_one_version_while_it_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = std::sync::Arc::new(Store::open(dir.path(), 3, "m").unwrap());
+        const N: usize = 20;
+        let write = |doc: &str| {
+            let v = Version {
+                document_id: doc.into(),
+                source: "/s".into(),
+            };
+            store.begin(&v);
+            for i in 0..N {
+                // written one chunk at a time, as batches are
+                store
+                    .upsert(vec![(payload(doc, i, "/s"), emb([1.0, i as f32, 0.5]))])
+                    .unwrap();
+            }
+            v
+        };
+        let v1 = write("v1");
+        store.publish(&v1, &[]).unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let reader = scope.spawn(|| {
+                let mut checks = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let hits = store
+                        .search_dense(&emb([1.0, 3.0, 0.5]).dense, 2 * N)
+                        .unwrap();
+                    assert_eq!(hits.len(), N, "saw {} chunks", hits.len());
+                    let first = &hits[0].payload.document_id;
+                    assert!(hits.iter().all(|h| &h.payload.document_id == first));
+                    checks += 1;
+                }
+                checks
+            });
+            let mut current = v1.clone();
+            for round in 0..6 {
+                let next = write(if round % 2 == 0 { "v2" } else { "v1" });
+                store
+                    .publish(&next, std::slice::from_ref(&current))
+                    .unwrap();
+                current = next;
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            assert!(reader.join().unwrap() > 0);
+        });
+        assert_eq!(store.len().unwrap(), N);
+        // an aborted version leaves nothing
+        let v3 = write("v3");
+        store.abort(&v3).unwrap();
+        assert_eq!(store.len().unwrap(), N);
     }
 
     #[test]
