@@ -156,6 +156,21 @@ pub fn routes(cfg: &mut web::ServiceConfig, max_body_bytes: usize) {
             .default_service(web::to(method_not_allowed)),
     )
     .service(
+        web::resource("/v1/documents")
+            .route(web::post().to(crate::documents::upload))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/documents/{id}")
+            .route(web::delete().to(crate::documents::delete))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/jobs/{id}")
+            .route(web::get().to(crate::documents::job))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
         web::resource("/healthz")
             .route(web::get().to(healthz))
             .default_service(web::to(method_not_allowed)),

@@ -46,6 +46,8 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Longest accepted question, characters.
     pub max_question_chars: usize,
+    /// Largest accepted uploaded file, bytes.
+    pub max_upload_bytes: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -117,6 +119,7 @@ impl Default for Config {
                 bind: "127.0.0.1:8080".into(),
                 max_body_bytes: 64 * 1024,
                 max_question_chars: 2000,
+                max_upload_bytes: 64 << 20,
             },
             embedding: EmbeddingConfig {
                 model_dir: "models/all-MiniLM-L6-v2".into(),

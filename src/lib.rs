@@ -7,7 +7,9 @@
 
 pub mod api;
 pub mod config;
+pub mod documents;
 pub mod generate;
+pub mod jobs;
 pub mod postprocess;
 pub mod prompt;
 pub mod query;

@@ -232,6 +232,8 @@ mod tests {
                     end: text.len(),
                 },
                 text: text.into(),
+                collection: None,
+                tags: vec![],
             },
             score: 0.5,
         }

@@ -69,9 +69,19 @@ pub struct Application {
     server: Server,
 }
 
+/// The upload and jobs service over an open index.
+pub fn documents(config: &Config, index: &Index) -> anyhow::Result<crate::documents::Documents> {
+    Ok(crate::documents::Documents {
+        ingestor: Arc::new(ingestor(config, index)?),
+        jobs: Default::default(),
+        max_file_bytes: config.server.max_upload_bytes,
+    })
+}
+
 impl Application {
     /// Binds `config.server.bind` (port 0 picks a free port) and prepares the server.
     pub fn build(config: &Config, engine: Arc<QueryEngine>) -> anyhow::Result<Self> {
+        let documents = web::Data::new(documents(config, &engine.index)?);
         let listener = TcpListener::bind(&config.server.bind)
             .map_err(|e| anyhow::anyhow!("cannot bind {}: {e}", config.server.bind))?;
         let port = listener.local_addr()?.port();
@@ -81,6 +91,7 @@ impl Application {
             App::new()
                 .wrap(tracing_actix())
                 .app_data(engine.clone())
+                .app_data(documents.clone())
                 .configure(|cfg| crate::api::routes(cfg, max_body))
         })
         .listen(listener)?

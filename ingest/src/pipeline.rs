@@ -72,6 +72,16 @@ impl Ingestor {
         }
     }
 
+    /// The store chunks are written to.
+    pub fn store(&self) -> Arc<Store> {
+        self.store.clone()
+    }
+
+    /// Makes everything written so far durable.
+    pub fn flush(&self) {
+        self.store.flush();
+    }
+
     /// Ingests files and directories. A file that fails is reported and leaves nothing
     /// behind; the others go on.
     pub fn ingest_paths(&self, paths: &[PathBuf], progress: &dyn Progress) -> Result<Report> {
@@ -224,6 +234,8 @@ impl Ingestor {
                 end: c.end,
             },
             text: c.text.clone(),
+            collection: doc.collection.clone(),
+            tags: doc.tags.clone(),
         }
     }
 

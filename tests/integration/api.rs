@@ -141,3 +141,132 @@ async fn bad_requests_get_json_errors() {
         .unwrap();
     assert_eq!(ok.status(), 200);
 }
+
+fn part(name: &str, bytes: &[u8]) -> reqwest::multipart::Part {
+    reqwest::multipart::Part::bytes(bytes.to_vec()).file_name(name.to_string())
+}
+
+#[tokio::test]
+async fn upload_runs_a_job_and_delete_removes_the_document() {
+    let app = app();
+    let c = client();
+    let form = reqwest::multipart::Form::new()
+        .part(
+            "file",
+            part(
+                "zebras.md",
+                b"# Zebras\n\nZebras have black and white stripes that confuse biting flies.\n",
+            ),
+        )
+        .text(
+            "metadata",
+            r#"{"title": "Zebra notes", "tags": ["animals"], "collection": "zoo"}"#,
+        );
+    let res = c
+        .post(format!("{}/v1/documents", app.address))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 202);
+    let body: Value = res.json().await.unwrap();
+    let job_id = body["job_id"].as_str().unwrap().to_string();
+    let doc = &body["documents"][0];
+    let doc_id = doc["id"].as_str().unwrap().to_string();
+    assert_eq!(doc["source"], "zoo/zebras.md");
+
+    let mut job = Value::Null;
+    for _ in 0..120 {
+        job = c
+            .get(format!("{}/v1/jobs/{job_id}", app.address))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if job["status"] == "done" || job["status"] == "failed" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    assert_eq!(job["status"], "done", "{job}");
+    assert_eq!(job["chunks_done"], job["chunks_total"]);
+    assert!(job["chunks_total"].as_u64().unwrap() >= 1);
+
+    let url = format!("{}/v1/documents/{doc_id}", app.address);
+    let res = c.delete(&url).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    let body: Value = res.json().await.unwrap();
+    assert!(body["deleted_chunks"].as_u64().unwrap() >= 1);
+    expect_error(c.delete(&url), 404, "not_found").await;
+}
+
+#[tokio::test]
+async fn bad_uploads_get_json_errors() {
+    let app = app();
+    let c = client();
+    let url = format!("{}/v1/documents", app.address);
+    let form = || reqwest::multipart::Form::new();
+    expect_error(
+        c.post(&url)
+            .multipart(form().part("file", part("slides.pptx", b"PK\x03\x04"))),
+        415,
+        "unsupported_media_type",
+    )
+    .await;
+    // one unreadable file fails the whole upload, naming the file
+    let res = c
+        .post(&url)
+        .multipart(
+            form()
+                .part("file", part("fine.txt", b"A fine file."))
+                .part("file", part("empty.txt", b"  \n")),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 422);
+    let body: Value = res.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("empty.txt"),
+        "{body}"
+    );
+    expect_error(
+        c.post(&url).multipart(form().text("metadata", "{}")),
+        422,
+        "invalid_request",
+    )
+    .await;
+    expect_error(
+        c.post(&url).multipart(
+            form()
+                .part("file", part("a.txt", b"x"))
+                .text("metadata", r#"{"colour": "red"}"#),
+        ),
+        422,
+        "invalid_request",
+    )
+    .await;
+    expect_error(
+        c.post(&url).json(&json!({"file": "x"})),
+        415,
+        "unsupported_media_type",
+    )
+    .await;
+    expect_error(
+        c.get(format!("{}/v1/jobs/nope", app.address)),
+        404,
+        "not_found",
+    )
+    .await;
+    expect_error(
+        c.delete(format!("{}/v1/documents/nope", app.address)),
+        404,
+        "not_found",
+    )
+    .await;
+}

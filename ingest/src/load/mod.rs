@@ -63,6 +63,9 @@ pub struct Document {
     pub format: Format,
     /// Byte offsets in `text` where pages 1, 2, … start (empty when the format has no pages).
     pub page_starts: Vec<usize>,
+    /// Optional grouping given at upload time, stored with every chunk for filtering.
+    pub collection: Option<String>,
+    pub tags: Vec<String>,
 }
 
 impl Document {
@@ -77,6 +80,8 @@ impl Document {
             text,
             format,
             page_starts: Vec::new(),
+            collection: None,
+            tags: Vec::new(),
         }
     }
 

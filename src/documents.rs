@@ -1,0 +1,269 @@
+//! Documents over HTTP: `POST /v1/documents` (multipart upload → an ingest job),
+//! `GET /v1/jobs/{id}`, `DELETE /v1/documents/{id}`. Uploads go through the same
+//! loader and [`Ingestor`] as `docent ingest`.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use actix_multipart::{Multipart, MultipartError};
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpResponse};
+use docent_ingest::load::{self, Document, SUPPORTED_EXTENSIONS};
+use docent_ingest::pipeline::{Ingestor, Outcome};
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::api::ApiError;
+use crate::jobs::{Jobs, Status};
+
+/// Optional `metadata` field of an upload.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UploadMetadata {
+    pub title: Option<String>,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    pub collection: Option<String>,
+}
+
+pub struct Documents {
+    pub ingestor: Arc<Ingestor>,
+    pub jobs: Jobs,
+    /// Largest accepted file, bytes.
+    pub max_file_bytes: usize,
+}
+
+fn invalid(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message)
+}
+
+fn unsupported(name: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+        format!(
+            "{name}: unsupported file type (supported: {})",
+            SUPPORTED_EXTENSIONS.join(", ")
+        ),
+    )
+}
+
+fn multipart_error(e: MultipartError) -> ApiError {
+    match e {
+        MultipartError::ContentTypeMissing
+        | MultipartError::ContentTypeParse
+        | MultipartError::ContentTypeIncompatible => ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "send documents as multipart/form-data with one or more `file` fields",
+        ),
+        other => ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_multipart",
+            other.to_string(),
+        ),
+    }
+}
+
+/// A file name from an upload, reduced to its last path component.
+fn file_name(raw: &str) -> Option<String> {
+    let name = raw.rsplit(['/', '\\']).next()?.trim();
+    (!name.is_empty() && name != "." && name != "..").then(|| name.to_string())
+}
+
+async fn read_field(
+    field: &mut actix_multipart::Field,
+    limit: usize,
+    name: &str,
+) -> Result<Vec<u8>, ApiError> {
+    let mut buf = Vec::new();
+    while let Some(chunk) = field.next().await {
+        let chunk = chunk.map_err(multipart_error)?;
+        if buf.len() + chunk.len() > limit {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("{name}: larger than the {limit}-byte limit"),
+            ));
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf)
+}
+
+/// `POST /v1/documents`: parses every file first (a bad file fails the whole request and
+/// nothing is stored), then embeds and stores them in a background job.
+pub async fn upload(
+    docs: web::Data<Documents>,
+    mut payload: Multipart,
+) -> Result<HttpResponse, ApiError> {
+    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut meta = UploadMetadata::default();
+    while let Some(field) = payload.next().await {
+        let mut field = field.map_err(multipart_error)?;
+        match field.name().unwrap_or("") {
+            "file" => {
+                let name = field
+                    .content_disposition()
+                    .and_then(|cd| cd.get_filename())
+                    .and_then(file_name)
+                    .ok_or_else(|| invalid("every `file` field needs a file name"))?;
+                if !load::is_supported(Path::new(&name)) {
+                    return Err(unsupported(&name));
+                }
+                let bytes = read_field(&mut field, docs.max_file_bytes, &name).await?;
+                files.push((name, bytes));
+            }
+            "metadata" => {
+                let bytes = read_field(&mut field, 64 * 1024, "metadata").await?;
+                meta = serde_json::from_slice(&bytes)
+                    .map_err(|e| invalid(format!("metadata: {e}")))?;
+            }
+            other => {
+                return Err(invalid(format!(
+                    "unknown field {other:?}: send `file` (repeatable) and optionally `metadata`"
+                )))
+            }
+        }
+    }
+    if files.is_empty() {
+        return Err(invalid("no `file` field in the upload"));
+    }
+    let parsed: Vec<Document> = web::block(move || {
+        files
+            .into_iter()
+            .map(|(name, bytes)| {
+                let source = match &meta.collection {
+                    Some(c) => format!("{c}/{name}"),
+                    None => name.clone(),
+                };
+                let mut doc = load::load_bytes(Path::new(&name), &source, &bytes)?;
+                if let Some(t) = &meta.title {
+                    doc.title = t.clone();
+                }
+                doc.collection = meta.collection.clone();
+                doc.tags = meta.tags.clone();
+                Ok(doc)
+            })
+            .collect::<Result<Vec<_>, docent_ingest::Error>>()
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+    .map_err(|e| match e {
+        docent_ingest::Error::UnsupportedType { path, .. } => {
+            unsupported(&path.display().to_string())
+        }
+        docent_ingest::Error::TooLarge { .. } => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            e.to_string(),
+        ),
+        other => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unreadable_document",
+            other.to_string(),
+        ),
+    })?;
+
+    let listed: Vec<(String, String)> = parsed
+        .iter()
+        .map(|d| (d.id.clone(), d.source.clone()))
+        .collect();
+    let job_id = docs.jobs.create(&listed);
+    let worker = docs.clone().into_inner();
+    let job = job_id.clone();
+    tokio::task::spawn_blocking(move || run_job(&worker, &job, parsed));
+    Ok(HttpResponse::Accepted().json(json!({
+        "job_id": job_id,
+        "documents": listed.iter().map(|(id, source)| json!({"id": id, "source": source})).collect::<Vec<_>>(),
+    })))
+}
+
+fn run_job(docs: &Documents, job: &str, parsed: Vec<Document>) {
+    for (i, doc) in parsed.iter().enumerate() {
+        docs.jobs.update(job, i, |d| d.status = Status::Running);
+        let on_batch = |done: usize, total: usize| {
+            docs.jobs.update(job, i, |d| {
+                d.chunks_total = total;
+                d.chunks_done += done;
+            })
+        };
+        let result = docs.ingestor.ingest_document_with(doc, &on_batch);
+        docs.jobs.update(job, i, |d| match result {
+            Ok(Outcome::Ingested { .. }) => d.status = Status::Done,
+            Ok(Outcome::Unchanged { .. }) => d.status = Status::Unchanged,
+            Err(e) => {
+                d.status = Status::Failed;
+                d.error = Some(e.to_string());
+            }
+        });
+    }
+    docs.ingestor.flush();
+}
+
+/// `GET /v1/jobs/{id}`.
+pub async fn job(
+    docs: web::Data<Documents>,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    docs.jobs
+        .get(&id)
+        .map(|j| HttpResponse::Ok().json(j))
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no job {id}")))
+}
+
+/// `DELETE /v1/documents/{id}`: removes every chunk of the document.
+pub async fn delete(
+    docs: web::Data<Documents>,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let id = id.into_inner();
+    if docs.jobs.in_progress(&id) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "conflict",
+            format!("document {id} is being ingested; retry when its job is done"),
+        ));
+    }
+    let store = docs.ingestor.store();
+    let target = id.clone();
+    let removed = web::block(move || -> docent_ingest::Result<usize> {
+        let n = store.chunk_count(&target)?;
+        if n > 0 {
+            store.delete_document(&target)?;
+            store.flush();
+        }
+        Ok(n)
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+    .map_err(|e| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_failed",
+            e.to_string(),
+        )
+    })?;
+    if removed == 0 {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no document {id}"),
+        ));
+    }
+    Ok(HttpResponse::Ok().json(json!({"id": id, "deleted_chunks": removed})))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_names_lose_their_directories() {
+        assert_eq!(file_name("../../etc/passwd").as_deref(), Some("passwd"));
+        assert_eq!(file_name("C:\\docs\\a.md").as_deref(), Some("a.md"));
+        assert_eq!(file_name(".."), None);
+        assert_eq!(file_name(""), None);
+    }
+}

@@ -1,0 +1,151 @@
+//! Ingest jobs started over HTTP: what each one is doing, for `GET /v1/jobs/{id}`.
+//! Kept in memory; a restart forgets finished jobs (the documents stay in the index).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Queued,
+    Running,
+    Done,
+    Unchanged,
+    Failed,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct JobDocument {
+    pub id: String,
+    pub source: String,
+    pub status: Status,
+    pub chunks_done: usize,
+    pub chunks_total: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Job {
+    pub job_id: String,
+    pub status: Status,
+    pub chunks_done: usize,
+    pub chunks_total: usize,
+    pub documents: Vec<JobDocument>,
+}
+
+#[derive(Default)]
+pub struct Jobs {
+    jobs: Mutex<HashMap<String, Job>>,
+}
+
+fn new_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    format!("{:016x}", h.finish())
+}
+
+impl Jobs {
+    /// Registers a queued job for documents `(id, source)`.
+    pub fn create(&self, documents: &[(String, String)]) -> String {
+        let id = new_id();
+        let job = Job {
+            job_id: id.clone(),
+            status: Status::Queued,
+            chunks_done: 0,
+            chunks_total: 0,
+            documents: documents
+                .iter()
+                .map(|(id, source)| JobDocument {
+                    id: id.clone(),
+                    source: source.clone(),
+                    status: Status::Queued,
+                    chunks_done: 0,
+                    chunks_total: 0,
+                    error: None,
+                })
+                .collect(),
+        };
+        self.lock().insert(id.clone(), job);
+        id
+    }
+
+    pub fn get(&self, id: &str) -> Option<Job> {
+        self.lock().get(id).cloned()
+    }
+
+    /// Applies `f` to document `doc` of job `id` and recomputes the job's totals.
+    pub fn update(&self, id: &str, doc: usize, f: impl FnOnce(&mut JobDocument)) {
+        let mut jobs = self.lock();
+        let Some(job) = jobs.get_mut(id) else { return };
+        if let Some(d) = job.documents.get_mut(doc) {
+            f(d);
+        }
+        job.chunks_done = job.documents.iter().map(|d| d.chunks_done).sum();
+        job.chunks_total = job.documents.iter().map(|d| d.chunks_total).sum();
+        let all = |s: &[Status]| job.documents.iter().all(|d| s.contains(&d.status));
+        job.status = if all(&[Status::Queued]) {
+            Status::Queued
+        } else if all(&[Status::Done, Status::Unchanged, Status::Failed]) {
+            if job.documents.iter().any(|d| d.status == Status::Failed) {
+                Status::Failed
+            } else {
+                Status::Done
+            }
+        } else {
+            Status::Running
+        };
+    }
+
+    /// Whether any unfinished job holds document `id`.
+    pub fn in_progress(&self, id: &str) -> bool {
+        self.lock().values().any(|j| {
+            j.documents
+                .iter()
+                .any(|d| d.id == id && matches!(d.status, Status::Queued | Status::Running))
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Job>> {
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_status_follows_its_documents() {
+        let jobs = Jobs::default();
+        let id = jobs.create(&[("a".into(), "x".into()), ("b".into(), "y".into())]);
+        assert_eq!(jobs.get(&id).unwrap().status, Status::Queued);
+        assert!(jobs.in_progress("a"));
+        jobs.update(&id, 0, |d| {
+            d.status = Status::Running;
+            d.chunks_total = 4;
+            d.chunks_done = 2;
+        });
+        let j = jobs.get(&id).unwrap();
+        assert_eq!(
+            (j.status, j.chunks_done, j.chunks_total),
+            (Status::Running, 2, 4)
+        );
+        jobs.update(&id, 0, |d| d.status = Status::Done);
+        jobs.update(&id, 1, |d| {
+            d.status = Status::Failed;
+            d.error = Some("boom".into())
+        });
+        assert_eq!(jobs.get(&id).unwrap().status, Status::Failed);
+        assert!(!jobs.in_progress("a"));
+        assert!(jobs.get("nope").is_none());
+    }
+}
