@@ -135,7 +135,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let response = engine
                 .answer(QueryRequest {
                     question,
-                    retrieval: RetrievalOptions { top_k },
+                    retrieval: RetrievalOptions {
+                        top_k,
+                        ..Default::default()
+                    },
                     ..Default::default()
                 })
                 .await?;

@@ -11,6 +11,7 @@ use crate::generate::{GenerateError, Generator, Params};
 use crate::postprocess::{self, Citation};
 use crate::prompt::{ContextBlock, PromptError, Prompts};
 use crate::retrieve::Index;
+use docent_ingest::store::SearchFilter;
 
 /// Stop sequences every answer is cut at: the start of a new turn or question.
 pub const DEFAULT_STOPS: &[&str] = &["\nQuestion:", "<|im_start|>", "<|im_end|>"];
@@ -32,6 +33,9 @@ pub struct QueryRequest {
 #[serde(deny_unknown_fields)]
 pub struct RetrievalOptions {
     pub top_k: Option<usize>,
+    /// Restricts retrieval to a collection, tags (any of) or documents.
+    #[serde(default)]
+    pub filter: SearchFilter,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -82,6 +86,7 @@ pub enum QueryError {
 pub struct ValidQuery {
     pub question: String,
     pub top_k: usize,
+    pub filter: SearchFilter,
     pub params: Params,
 }
 
@@ -177,6 +182,7 @@ impl QueryRequest {
         Ok(ValidQuery {
             question,
             top_k,
+            filter: self.retrieval.filter,
             params: Params {
                 max_tokens,
                 temperature,
@@ -214,10 +220,11 @@ impl QueryEngine {
         let q = request.validate(&self.limits)?;
 
         let index = self.index.clone();
-        let (question, top_k) = (q.question.clone(), q.top_k);
-        let retrieved = tokio::task::spawn_blocking(move || index.retrieve(&question, top_k))
-            .await
-            .map_err(|e| QueryError::Internal(e.to_string()))??;
+        let (question, top_k, filter) = (q.question.clone(), q.top_k, q.filter.clone());
+        let retrieved =
+            tokio::task::spawn_blocking(move || index.retrieve(&question, top_k, &filter))
+                .await
+                .map_err(|e| QueryError::Internal(e.to_string()))??;
 
         if retrieved.hits.is_empty() {
             return Ok(QueryResponse {

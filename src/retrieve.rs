@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use docent_ingest::embed::Embedder;
-use docent_ingest::store::{Hit, Store};
+use docent_ingest::store::{Hit, SearchFilter, Store};
 
 /// The embedder and the store, opened once and shared by ingest and query.
 #[derive(Clone)]
@@ -23,10 +23,15 @@ pub struct Retrieved {
 
 impl Index {
     /// Blocking: runs the ONNX model and the vector search. Call from a blocking thread.
-    pub fn retrieve(&self, question: &str, top_k: usize) -> docent_ingest::Result<Retrieved> {
+    pub fn retrieve(
+        &self,
+        question: &str,
+        top_k: usize,
+        only: &SearchFilter,
+    ) -> docent_ingest::Result<Retrieved> {
         let started = Instant::now();
         let query = self.embedder.embed_query(question)?;
-        let hits = self.store.search_dense(&query.dense, top_k)?;
+        let hits = self.store.search_dense(&query.dense, top_k, only)?;
         Ok(Retrieved {
             hits,
             elapsed_ms: started.elapsed().as_secs_f64() * 1e3,

@@ -62,6 +62,31 @@ pub struct Hit {
     pub score: f32,
 }
 
+/// Restricts a search, applied inside the vector search (not after it).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchFilter {
+    /// Only chunks of this collection.
+    pub collection: Option<String>,
+    /// Only chunks with at least one of these tags.
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// Only chunks of these documents.
+    #[serde(default)]
+    pub document_ids: Vec<String>,
+}
+
+fn any_of(field: &str, values: &[String]) -> Result<Condition> {
+    let should = values
+        .iter()
+        .map(|v| keyword(field, v))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Condition::Filter(Filter {
+        should: Some(should),
+        ..Default::default()
+    }))
+}
+
 /// One version of a document: its content id at a source.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Version {
@@ -188,7 +213,7 @@ impl Store {
             path,
             hidden: Default::default(),
         };
-        for field in ["document_id", "source"] {
+        for field in ["document_id", "source", "collection", "tags"] {
             store
                 .shard
                 .update(UpdateOperation::FieldIndexOperation(
@@ -355,21 +380,33 @@ impl Store {
         r
     }
 
-    /// Nearest chunks to a dense query vector, among published versions.
-    pub fn search_dense(&self, query: &[f32], limit: usize) -> Result<Vec<Hit>> {
+    /// Nearest chunks to a dense query vector, among published versions that pass `only`.
+    pub fn search_dense(
+        &self,
+        query: &[f32],
+        limit: usize,
+        only: &SearchFilter,
+    ) -> Result<Vec<Hit>> {
         let hidden = self.hidden.read();
-        let filter = if hidden.is_empty() {
-            None
-        } else {
-            let must_not = hidden
-                .iter()
-                .map(|v| version_filter(&v.document_id, &v.source).map(Condition::Filter))
-                .collect::<Result<Vec<_>>>()?;
-            Some(Filter {
-                must_not: Some(must_not),
-                ..Default::default()
-            })
-        };
+        let mut must = Vec::new();
+        if let Some(c) = &only.collection {
+            must.push(keyword("collection", c)?);
+        }
+        if !only.tags.is_empty() {
+            must.push(any_of("tags", &only.tags)?);
+        }
+        if !only.document_ids.is_empty() {
+            must.push(any_of("document_id", &only.document_ids)?);
+        }
+        let must_not = hidden
+            .iter()
+            .map(|v| version_filter(&v.document_id, &v.source).map(Condition::Filter))
+            .collect::<Result<Vec<_>>>()?;
+        let filter = (!must.is_empty() || !must_not.is_empty()).then(|| Filter {
+            must: (!must.is_empty()).then_some(must),
+            must_not: (!must_not.is_empty()).then_some(must_not),
+            ..Default::default()
+        });
         let request = QueryRequest {
             prefetches: vec![],
             query: Some(ScoringQuery::Vector(QueryEnum::Nearest(NamedQuery {
@@ -459,7 +496,9 @@ mod tests {
             s.upsert(vec![(payload("a", 0, "/a"), emb([1.0, 0.0, 0.0]))])
                 .unwrap();
             assert_eq!(s.len().unwrap(), 3);
-            let hits = s.search_dense(&emb([0.1, 1.0, 0.0]).dense, 2).unwrap();
+            let hits = s
+                .search_dense(&emb([0.1, 1.0, 0.0]).dense, 2, &SearchFilter::default())
+                .unwrap();
             assert_eq!(hits[0].payload, payload("a", 1, "/a"));
             assert!(hits[0].score > hits[1].score);
             assert_eq!(s.chunk_count("a").unwrap(), 2);
@@ -517,7 +556,7 @@ mod tests {
             scope.spawn(|| {
                 while !stop.load(Relaxed) {
                     let hits = store
-                        .search_dense(&emb([1.0, 3.0, 0.5]).dense, 2 * N)
+                        .search_dense(&emb([1.0, 3.0, 0.5]).dense, 2 * N, &SearchFilter::default())
                         .unwrap();
                     assert_eq!(hits.len(), N, "saw {} chunks", hits.len());
                     let first = &hits[0].payload.document_id;
@@ -544,6 +583,66 @@ mod tests {
         let v3 = write("v3");
         store.abort(&v3).unwrap();
         assert_eq!(store.len().unwrap(), N);
+    }
+
+    #[test]
+    fn filters_apply_inside_the_search() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path(), 3, "m").unwrap();
+        let mut points = Vec::new();
+        for (doc, coll, tags) in [
+            ("a", Some("zoo"), vec!["animals"]),
+            ("b", Some("zoo"), vec!["plants"]),
+            ("c", None, vec!["animals", "x"]),
+        ] {
+            for i in 0..5 {
+                let mut p = payload(doc, i, &format!("/{doc}"));
+                p.collection = coll.map(String::from);
+                p.tags = tags.iter().map(|t| t.to_string()).collect();
+                points.push((p, emb([1.0, i as f32, doc.len() as f32])));
+            }
+        }
+        s.upsert(points).unwrap();
+        let q = emb([1.0, 2.0, 1.0]).dense;
+        let docs = |f: SearchFilter| {
+            let mut d: Vec<String> = s
+                .search_dense(&q, 3, &f)
+                .unwrap()
+                .into_iter()
+                .map(|h| h.payload.document_id)
+                .collect();
+            d.sort();
+            d.dedup();
+            d
+        };
+        // the limit is filled from matching chunks only (filtering inside the search)
+        let zoo = SearchFilter {
+            collection: Some("zoo".into()),
+            tags: vec!["plants".into()],
+            ..Default::default()
+        };
+        assert_eq!(s.search_dense(&q, 3, &zoo).unwrap().len(), 3);
+        assert_eq!(docs(zoo), vec!["b"]);
+        let tagged = SearchFilter {
+            tags: vec!["animals".into()],
+            ..Default::default()
+        };
+        let hits = s.search_dense(&q, 15, &tagged).unwrap();
+        assert_eq!(hits.len(), 10);
+        assert!(hits
+            .iter()
+            .all(|h| h.payload.tags.contains(&"animals".to_string())));
+        let ids = SearchFilter {
+            document_ids: vec!["c".into(), "a".into()],
+            ..Default::default()
+        };
+        let all: std::collections::BTreeSet<String> = s
+            .search_dense(&q, 15, &ids)
+            .unwrap()
+            .into_iter()
+            .map(|h| h.payload.document_id)
+            .collect();
+        assert_eq!(all.into_iter().collect::<Vec<_>>(), vec!["a", "c"]);
     }
 
     #[test]

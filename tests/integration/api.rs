@@ -194,6 +194,35 @@ async fn upload_runs_a_job_and_delete_removes_the_document() {
     assert_eq!(job["chunks_done"], job["chunks_total"]);
     assert!(job["chunks_total"].as_u64().unwrap() >= 1);
 
+    // retrieval filters apply: the collection holds the zebra notes, another one nothing
+    let ask = |filter: Value| {
+        c.post(format!("{}/v1/query", app.address))
+            .json(&json!({"question": "Why do zebras have stripes?",
+                          "retrieval": {"top_k": 1, "filter": filter},
+                          "generation": {"max_tokens": 24}}))
+            .send()
+    };
+    let body: Value = ask(json!({"collection": "zoo"}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["answerable"], true, "{body}");
+    for cit in body["citations"].as_array().unwrap() {
+        assert_eq!(cit["document_id"], doc_id.as_str());
+    }
+    let body: Value = ask(json!({"collection": "elsewhere"}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["answerable"], false, "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], 0);
+    let res = ask(json!({"colour": "red"})).await.unwrap();
+    assert_eq!(res.status(), 422);
+
     let url = format!("{}/v1/documents/{doc_id}", app.address);
     let res = c.delete(&url).send().await.unwrap();
     assert_eq!(res.status(), 200);

@@ -79,7 +79,10 @@ fn reingest_is_incremental_and_failures_leave_nothing() {
     assert_eq!(store.len().unwrap(), 2);
 
     // search finds the right chunk with a checkable span
-    let hits = index.retrieve("What is Beta?", 1).unwrap().hits;
+    let hits = index
+        .retrieve("What is Beta?", 1, &Default::default())
+        .unwrap()
+        .hits;
     let p = &hits[0].payload;
     assert!(p.source.ends_with("b.txt"));
     let text = std::fs::read_to_string(&p.source).unwrap();
@@ -145,7 +148,10 @@ fn same_content_at_two_sources_and_changed_settings() {
         ingestor
             .ingest_paths(std::slice::from_ref(&x), &Silent)
             .unwrap();
-        let hits = index.retrieve("the same licence text", 2).unwrap().hits;
+        let hits = index
+            .retrieve("the same licence text", 2, &Default::default())
+            .unwrap()
+            .hits;
         assert!(hits.iter().any(|h| h.payload.source.ends_with("y.md")));
         assert_eq!(index.store.len().unwrap(), 2);
     }

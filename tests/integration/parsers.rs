@@ -155,7 +155,11 @@ fn pdf_chunks_carry_their_page() {
     let r = ingestor.ingest_paths(&[pdf], &Silent).unwrap();
     assert_eq!(r.ingested.len(), 1, "{r:?}");
     let hits = index
-        .retrieve("Module One Introduction to Product Development", 5)
+        .retrieve(
+            "Module One Introduction to Product Development",
+            5,
+            &Default::default(),
+        )
         .unwrap()
         .hits;
     assert!(hits.iter().all(|h| h.payload.page.is_some()));
