@@ -150,6 +150,14 @@ pub fn routes(cfg: &mut web::ServiceConfig, max_body_bytes: usize) {
             .limit(max_body_bytes)
             .error_handler(json_error),
     )
+    .app_data(web::QueryConfig::default().error_handler(|err, _req| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+            err.to_string(),
+        )
+        .into()
+    }))
     .service(
         web::resource("/v1/query")
             .route(web::post().to(query))
@@ -158,11 +166,13 @@ pub fn routes(cfg: &mut web::ServiceConfig, max_body_bytes: usize) {
     .service(
         web::resource("/v1/documents")
             .route(web::post().to(crate::documents::upload))
+            .route(web::get().to(crate::documents::list))
             .default_service(web::to(method_not_allowed)),
     )
     .service(
         web::resource("/v1/documents/{id}")
             .route(web::delete().to(crate::documents::delete))
+            .route(web::get().to(crate::documents::get))
             .default_service(web::to(method_not_allowed)),
     )
     .service(

@@ -10,6 +10,7 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
 use docent_ingest::load::{self, Document, SUPPORTED_EXTENSIONS};
 use docent_ingest::pipeline::{Ingestor, Outcome};
+use docent_ingest::store::SearchFilter;
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
@@ -200,6 +201,131 @@ fn run_job(docs: &Documents, job: &str, parsed: Vec<Document>) {
         });
     }
     docs.ingestor.flush();
+}
+
+/// Query string of `GET /v1/documents`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    pub collection: Option<String>,
+    pub tag: Option<String>,
+    /// `ready`, `ingesting` or `failed`.
+    pub status: Option<String>,
+    /// Page size (1..=1000, default 100).
+    pub limit: Option<usize>,
+    /// The `next` value of the previous page.
+    pub after: Option<String>,
+}
+
+fn job_entry(d: &crate::jobs::JobDocument) -> serde_json::Value {
+    json!({
+        "id": d.id, "source": d.source,
+        "status": if d.status == Status::Failed { "failed" } else { "ingesting" },
+        "chunks": d.chunks_done, "error": d.error,
+    })
+}
+
+/// `GET /v1/documents`: stored documents sorted by id, paginated with `after`/`next`; on
+/// the first page also the documents that are being ingested or failed.
+pub async fn list(
+    docs: web::Data<Documents>,
+    query: web::Query<ListQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let q = query.into_inner();
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(invalid(format!(
+            "limit must be between 1 and 1000, got {limit}"
+        )));
+    }
+    let status = q.status.as_deref();
+    if !matches!(status, None | Some("ready" | "ingesting" | "failed")) {
+        return Err(invalid("status must be ready, ingesting or failed"));
+    }
+    let mut out: Vec<serde_json::Value> = Vec::new();
+    if q.after.is_none() && status != Some("ready") {
+        out.extend(
+            docs.jobs
+                .unfinished_or_failed()
+                .iter()
+                .map(job_entry)
+                .filter(|e| status.is_none_or(|s| e["status"] == s)),
+        );
+    }
+    let mut next = None;
+    if matches!(status, None | Some("ready")) {
+        let only = SearchFilter {
+            collection: q.collection.clone(),
+            tags: q.tag.clone().into_iter().collect(),
+            document_ids: vec![],
+        };
+        let store = docs.ingestor.store();
+        let after = q.after.clone();
+        let (page, more) = web::block(move || store.documents(&only, after.as_deref(), limit))
+            .await
+            .map_err(|e| {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+            })?
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "store_failed",
+                    e.to_string(),
+                )
+            })?;
+        if more {
+            next = page.last().map(|d| d.id.clone());
+        }
+        out.extend(page.into_iter().map(|d| {
+            let mut v = json!(d);
+            v["status"] = json!("ready");
+            v
+        }));
+    }
+    Ok(HttpResponse::Ok().json(json!({"documents": out, "next": next})))
+}
+
+/// `GET /v1/documents/{id}`.
+pub async fn get(
+    docs: web::Data<Documents>,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let id = id.into_inner();
+    if let Some(d) = docs
+        .jobs
+        .unfinished_or_failed()
+        .iter()
+        .find(|d| d.id == id && d.status != Status::Failed)
+    {
+        return Ok(HttpResponse::Ok().json(job_entry(d)));
+    }
+    let store = docs.ingestor.store();
+    let target = id.clone();
+    let found = web::block(move || store.document(&target))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_failed",
+                e.to_string(),
+            )
+        })?;
+    match found {
+        Some(d) => {
+            let mut v = json!(d);
+            v["status"] = json!("ready");
+            Ok(HttpResponse::Ok().json(v))
+        }
+        None => match docs.jobs.unfinished_or_failed().iter().find(|d| d.id == id) {
+            Some(d) => Ok(HttpResponse::Ok().json(job_entry(d))),
+            None => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no document {id}"),
+            )),
+        },
+    }
 }
 
 /// `GET /v1/jobs/{id}`.

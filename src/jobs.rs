@@ -114,6 +114,20 @@ impl Jobs {
         })
     }
 
+    /// Documents of all jobs that are queued, running or failed (the latest entry per id).
+    pub fn unfinished_or_failed(&self) -> Vec<JobDocument> {
+        let jobs = self.lock();
+        let mut out: Vec<JobDocument> = Vec::new();
+        for d in jobs.values().flat_map(|j| j.documents.iter()) {
+            if matches!(d.status, Status::Queued | Status::Running | Status::Failed) {
+                out.retain(|o| o.id != d.id);
+                out.push(d.clone());
+            }
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Job>> {
         self.jobs.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 
 use qdrant_edge::{
     Condition, CountRequest, CreateIndex, Distance, EdgeConfig, EdgeShard, EdgeSparseVectorParams,
-    EdgeVectorParams, FieldCondition, FieldIndexOperations, Filter, JsonPath, Match, Modifier,
-    NamedQuery, PayloadFieldSchema, PayloadSchemaType, PointId, PointInsertOperations,
-    PointOperations, PointStruct, QueryEnum, QueryRequest, ScoringQuery, ScrollRequest,
-    UpdateOperation, ValueVariants, Vector, VectorInternal, Vectors, WithPayloadInterface,
-    WithVector,
+    EdgeVectorParams, FacetRequest, FacetValue, FieldCondition, FieldIndexOperations, Filter,
+    JsonPath, Match, Modifier, NamedQuery, PayloadFieldSchema, PayloadSchemaType, PointId,
+    PointInsertOperations, PointOperations, PointStruct, QueryEnum, QueryRequest, ScoringQuery,
+    ScrollRequest, UpdateOperation, ValueVariants, Vector, VectorInternal, Vectors,
+    WithPayloadInterface, WithVector,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -85,6 +85,18 @@ fn any_of(field: &str, values: &[String]) -> Result<Condition> {
         should: Some(should),
         ..Default::default()
     }))
+}
+
+/// A stored document, as listed by [`Store::documents`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DocumentInfo {
+    pub id: String,
+    pub source: String,
+    pub title: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub collection: Option<String>,
+    pub tags: Vec<String>,
+    pub chunks: usize,
 }
 
 /// One version of a document: its content id at a source.
@@ -441,6 +453,103 @@ impl Store {
             .collect()
     }
 
+    /// Published documents passing `only` (its `document_ids` are ignored), sorted by id;
+    /// at most `limit` with ids greater than `after`. Returns the page and whether more follow.
+    pub fn documents(
+        &self,
+        only: &SearchFilter,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<DocumentInfo>, bool)> {
+        let mut must = Vec::new();
+        if let Some(c) = &only.collection {
+            must.push(keyword("collection", c)?);
+        }
+        if !only.tags.is_empty() {
+            must.push(any_of("tags", &only.tags)?);
+        }
+        let hidden: Vec<String> = self
+            .hidden
+            .read()
+            .iter()
+            .map(|v| v.document_id.clone())
+            .collect();
+        let facet = self
+            .shard
+            .facet(FacetRequest {
+                key: key("document_id")?,
+                limit: usize::MAX / 2,
+                filter: (!must.is_empty()).then(|| Filter {
+                    must: Some(must),
+                    ..Default::default()
+                }),
+                exact: true,
+            })
+            .map_err(store_err)?;
+        let mut ids: Vec<(String, usize)> = facet
+            .hits
+            .into_iter()
+            .filter_map(|h| match h.value {
+                FacetValue::Keyword(id) => Some((id, h.count)),
+                _ => None,
+            })
+            .filter(|(id, _)| !hidden.contains(id))
+            .filter(|(id, _)| after.is_none_or(|a| id.as_str() > a))
+            .collect();
+        ids.sort();
+        let more = ids.len() > limit;
+        ids.truncate(limit);
+        let docs = ids
+            .into_iter()
+            .filter_map(|(id, chunks)| match self.describe(&id, chunks) {
+                Ok(Some(d)) => Some(Ok(d)),
+                Ok(None) => None,
+                Err(e) => Some(Err(e)),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((docs, more))
+    }
+
+    /// One published document, or `None`.
+    pub fn document(&self, id: &str) -> Result<Option<DocumentInfo>> {
+        if self.hidden.read().iter().any(|v| v.document_id == id) {
+            return Ok(None);
+        }
+        let chunks = self.chunk_count(id)?;
+        if chunks == 0 {
+            return Ok(None);
+        }
+        self.describe(id, chunks)
+    }
+
+    fn describe(&self, id: &str, chunks: usize) -> Result<Option<DocumentInfo>> {
+        let (records, _) = self
+            .shard
+            .scroll(ScrollRequest {
+                offset: None,
+                limit: Some(1),
+                filter: Some(match_keyword("document_id", id)?),
+                with_payload: Some(WithPayloadInterface::Bool(true)),
+                with_vector: WithVector::Bool(false),
+                order_by: None,
+            })
+            .map_err(store_err)?;
+        let Some(payload) = records.into_iter().next().and_then(|r| r.payload) else {
+            return Ok(None);
+        };
+        let p: ChunkPayload =
+            serde_json::from_value(serde_json::Value::Object(payload.0.into_iter().collect()))
+                .map_err(|e| Error::Store(format!("malformed chunk payload: {e}")))?;
+        Ok(Some(DocumentInfo {
+            id: p.document_id,
+            source: p.source,
+            title: p.title,
+            collection: p.collection,
+            tags: p.tags,
+            chunks,
+        }))
+    }
+
     /// Makes everything written so far durable.
     pub fn flush(&self) {
         self.shard.flush();
@@ -643,6 +752,45 @@ mod tests {
             .map(|h| h.payload.document_id)
             .collect();
         assert_eq!(all.into_iter().collect::<Vec<_>>(), vec!["a", "c"]);
+    }
+
+    #[test]
+    fn documents_are_listed_in_pages_with_filters() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path(), 3, "m").unwrap();
+        let mut points = Vec::new();
+        for (doc, n, coll) in [("a", 2, Some("x")), ("b", 3, None), ("c", 1, Some("x"))] {
+            for i in 0..n {
+                let mut p = payload(doc, i, &format!("/{doc}"));
+                p.collection = coll.map(String::from);
+                points.push((p, emb([1.0, i as f32, 0.0])));
+            }
+        }
+        s.upsert(points).unwrap();
+        let all = SearchFilter::default();
+        let (page, more) = s.documents(&all, None, 2).unwrap();
+        assert_eq!(
+            page.iter()
+                .map(|d| (d.id.as_str(), d.chunks))
+                .collect::<Vec<_>>(),
+            vec![("a", 2), ("b", 3)]
+        );
+        assert!(more);
+        let (page, more) = s.documents(&all, Some("b"), 2).unwrap();
+        assert_eq!(page.len(), 1);
+        assert_eq!(page[0].id, "c");
+        assert!(!more);
+        let x = SearchFilter {
+            collection: Some("x".into()),
+            ..Default::default()
+        };
+        let (page, _) = s.documents(&x, None, 10).unwrap();
+        assert_eq!(
+            page.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(),
+            vec!["a", "c"]
+        );
+        assert_eq!(s.document("b").unwrap().unwrap().source, "/b");
+        assert!(s.document("zzz").unwrap().is_none());
     }
 
     #[test]

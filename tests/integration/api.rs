@@ -194,6 +194,38 @@ async fn upload_runs_a_job_and_delete_removes_the_document() {
     assert_eq!(job["chunks_done"], job["chunks_total"]);
     assert!(job["chunks_total"].as_u64().unwrap() >= 1);
 
+    // listed, with the upload's metadata
+    let list: Value = c
+        .get(format!(
+            "{}/v1/documents?collection=zoo&limit=10",
+            app.address
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let listed = list["documents"].as_array().unwrap();
+    assert!(
+        listed
+            .iter()
+            .any(|d| d["id"] == doc_id.as_str() && d["status"] == "ready"),
+        "{list}"
+    );
+    let one: Value = c
+        .get(format!("{}/v1/documents/{doc_id}", app.address))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(one["title"], "Zebra notes");
+    assert_eq!(one["tags"], json!(["animals"]));
+    assert_eq!(one["collection"], "zoo");
+    assert!(one["chunks"].as_u64().unwrap() >= 1);
+
     // retrieval filters apply: the collection holds the zebra notes, another one nothing
     let ask = |filter: Value| {
         c.post(format!("{}/v1/query", app.address))
@@ -229,6 +261,46 @@ async fn upload_runs_a_job_and_delete_removes_the_document() {
     let body: Value = res.json().await.unwrap();
     assert!(body["deleted_chunks"].as_u64().unwrap() >= 1);
     expect_error(c.delete(&url), 404, "not_found").await;
+    expect_error(c.get(&url), 404, "not_found").await;
+}
+
+#[tokio::test]
+async fn documents_are_listed_in_pages() {
+    let app = app();
+    let c = client();
+    let page = |q: &str| {
+        let url = format!("{}/v1/documents?{q}", app.address);
+        let c = c.clone();
+        async move {
+            let v: Value = c.get(url).send().await.unwrap().json().await.unwrap();
+            v
+        }
+    };
+    // the two chapters ingested by the CLI, one per page
+    let first = page("limit=1&status=ready").await;
+    assert_eq!(first["documents"].as_array().unwrap().len(), 1, "{first}");
+    let next = first["next"].as_str().unwrap().to_string();
+    let second = page(&format!("limit=1&status=ready&after={next}")).await;
+    assert_ne!(second["documents"][0]["id"], first["documents"][0]["id"]);
+    assert!(second["documents"][0]["id"].as_str().unwrap() > next.as_str());
+    expect_error(
+        c.get(format!("{}/v1/documents?limit=0", app.address)),
+        422,
+        "invalid_request",
+    )
+    .await;
+    expect_error(
+        c.get(format!("{}/v1/documents?status=odd", app.address)),
+        422,
+        "invalid_request",
+    )
+    .await;
+    expect_error(
+        c.get(format!("{}/v1/documents?colour=red", app.address)),
+        422,
+        "invalid_request",
+    )
+    .await;
 }
 
 #[tokio::test]
