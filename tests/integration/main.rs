@@ -4,6 +4,7 @@
 
 mod api;
 mod cli;
+mod crash;
 mod embedding;
 mod generation;
 mod helpers;
