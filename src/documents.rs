@@ -251,6 +251,12 @@ pub async fn list(
                 .map(job_entry)
                 .filter(|e| status.is_none_or(|s| e["status"] == s)),
         );
+        if status != Some("ingesting") {
+            out.extend(docs.ingestor.store().failed().into_iter().map(|v| {
+                json!({"id": v.document_id, "source": v.source, "status": "failed", "chunks": 0,
+                       "error": "interrupted: the process stopped while ingesting it; ingest it again"})
+            }));
+        }
     }
     let mut next = None;
     if matches!(status, None | Some("ready")) {

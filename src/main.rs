@@ -94,6 +94,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Ingest { paths } => {
             let index = startup::open_index(&config)?;
+            for v in index.store.recovered() {
+                println!(
+                    "rolled back {} (an earlier ingest was interrupted); ingesting it again if listed",
+                    v.source
+                );
+            }
             let ingestor = startup::ingestor(&config, &index)?;
             let bar = Bar::new();
             let report = tokio::task::spawn_blocking(move || {

@@ -124,6 +124,10 @@ pub struct Store {
     hidden: parking_lot::RwLock<BTreeSet<Version>>,
     journal: PathBuf,
     recovered: Vec<Version>,
+    /// Versions rolled back after a crash, kept in `failed.json` until their source is
+    /// ingested again.
+    failed: parking_lot::Mutex<Vec<Version>>,
+    failed_file: PathBuf,
 }
 
 /// What an unfinished write was doing, persisted so that a crash can be rolled back or
@@ -264,7 +268,12 @@ impl Store {
             hidden: Default::default(),
             journal,
             recovered: Vec::new(),
+            failed: Default::default(),
+            failed_file: dir.join("failed.json"),
         };
+        if let Ok(bytes) = std::fs::read(&store.failed_file) {
+            *store.failed.get_mut() = serde_json::from_slice(&bytes).unwrap_or_default();
+        }
         for field in ["document_id", "source", "collection", "tags"] {
             store
                 .shard
@@ -290,6 +299,23 @@ impl Store {
     /// store was opened.
     pub fn recovered(&self) -> &[Version] {
         &self.recovered
+    }
+
+    /// Documents marked failed because a crash interrupted their ingest (until their source
+    /// is ingested again).
+    pub fn failed(&self) -> Vec<Version> {
+        self.failed.lock().clone()
+    }
+
+    fn set_failed(&self, update: impl FnOnce(&mut Vec<Version>)) -> Result<()> {
+        let mut failed = self.failed.lock();
+        let before = failed.clone();
+        update(&mut failed);
+        if *failed != before {
+            let bytes = serde_json::to_vec_pretty(&*failed).map_err(store_err)?;
+            write_durably(&self.failed_file, &bytes)?;
+        }
+        Ok(())
     }
 
     fn journal_file(&self, v: &Version) -> PathBuf {
@@ -327,6 +353,11 @@ impl Store {
                 Some(JournalEntry::Writing { version }) => {
                     self.delete_version(&version.document_id, &version.source)?;
                     tracing::warn!(source = %version.source, "rolled back an interrupted ingest");
+                    let v = version.clone();
+                    self.set_failed(|f| {
+                        f.retain(|x| x.source != v.source);
+                        f.push(v);
+                    })?;
                     self.recovered.push(version);
                 }
                 Some(JournalEntry::Publishing { replaces, .. }) => {
@@ -496,6 +527,7 @@ impl Store {
         if result.is_ok() {
             self.journal_clear(version)?;
         }
+        self.set_failed(|f| f.retain(|x| x.source != version.source))?;
         result
     }
 
@@ -933,9 +965,16 @@ mod tests {
         assert_eq!(s.chunk_count("new").unwrap(), 0);
         assert_eq!(s.chunk_count("old").unwrap(), 1);
         drop(s);
-        // nothing left to recover the next time
+        // nothing left to recover the next time, but it stays marked failed
         let s = Store::open(dir.path(), 3, "m").unwrap();
         assert!(s.recovered().is_empty());
+        assert_eq!(s.failed(), vec![v("new")]);
+        // until its source is written again
+        s.begin(&v("newer")).unwrap();
+        s.publish(&v("newer"), &[v("old")]).unwrap();
+        assert!(s.failed().is_empty());
+        drop(s);
+        assert!(Store::open(dir.path(), 3, "m").unwrap().failed().is_empty());
     }
 
     #[test]
