@@ -255,10 +255,15 @@ impl Store {
             )
             .build();
         let shard = EdgeShard::load(&path, Some(config)).map_err(|e| {
-            Error::Store(format!(
-                "cannot open the index at {}: {e} (another docent process may be using it, or it was built with another embedding model)",
-                path.display()
-            ))
+            let e = e.to_string();
+            if e.contains("WouldBlock") {
+                Error::Store(format!(
+                    "the index at {} is in use by another docent process (one process may open it at a time; while the service runs, upload through POST /v1/documents)",
+                    dir.display()
+                ))
+            } else {
+                Error::Store(format!("cannot open the index at {}: {e}", path.display()))
+            }
         })?;
         let journal = dir.join("journal");
         std::fs::create_dir_all(&journal).map_err(|e| Error::io(&journal, e))?;
@@ -975,6 +980,14 @@ mod tests {
         assert!(s.failed().is_empty());
         drop(s);
         assert!(Store::open(dir.path(), 3, "m").unwrap().failed().is_empty());
+    }
+
+    #[test]
+    fn a_second_opener_is_told_the_index_is_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let _first = Store::open(dir.path(), 3, "m").unwrap();
+        let err = Store::open(dir.path(), 3, "m").err().unwrap().to_string();
+        assert!(err.contains("in use by another docent process"), "{err}");
     }
 
     #[test]
