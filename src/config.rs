@@ -126,7 +126,7 @@ impl Default for Config {
                 ort_library: ort,
                 max_length: 256,
                 threads: 2,
-                batch_size: 32,
+                batch_size: 8,
             },
             chunking: ChunkingConfig {
                 max_tokens: 200,
