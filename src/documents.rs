@@ -67,6 +67,22 @@ fn multipart_error(e: MultipartError) -> ApiError {
     }
 }
 
+/// Runs a blocking store call off the async workers; a store error is a 503.
+async fn on_store<T: Send + 'static>(
+    f: impl FnOnce() -> docent_ingest::Result<T> + Send + 'static,
+) -> Result<T, ApiError> {
+    web::block(f)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_failed",
+                e.to_string(),
+            )
+        })
+}
+
 /// A file name from an upload, reduced to its last path component.
 fn file_name(raw: &str) -> Option<String> {
     let name = raw.rsplit(['/', '\\']).next()?.trim();
@@ -267,18 +283,8 @@ pub async fn list(
         };
         let store = docs.ingestor.store();
         let after = q.after.clone();
-        let (page, more) = web::block(move || store.documents(&only, after.as_deref(), limit))
-            .await
-            .map_err(|e| {
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-            })?
-            .map_err(|e| {
-                ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "store_failed",
-                    e.to_string(),
-                )
-            })?;
+        let (page, more) =
+            on_store(move || store.documents(&only, after.as_deref(), limit)).await?;
         if more {
             next = page.last().map(|d| d.id.clone());
         }
@@ -307,16 +313,7 @@ pub async fn get(
     }
     let store = docs.ingestor.store();
     let target = id.clone();
-    let found = web::block(move || store.document(&target))
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store_failed",
-                e.to_string(),
-            )
-        })?;
+    let found = on_store(move || store.document(&target)).await?;
     match found {
         Some(d) => {
             let mut v = json!(d);
@@ -360,7 +357,7 @@ pub async fn delete(
     }
     let store = docs.ingestor.store();
     let target = id.clone();
-    let removed = web::block(move || -> docent_ingest::Result<usize> {
+    let removed = on_store(move || {
         let n = store.chunk_count(&target)?;
         if n > 0 {
             store.delete_document(&target)?;
@@ -368,15 +365,7 @@ pub async fn delete(
         }
         Ok(n)
     })
-    .await
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
-    .map_err(|e| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "store_failed",
-            e.to_string(),
-        )
-    })?;
+    .await?;
     if removed == 0 {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,

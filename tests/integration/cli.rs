@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use crate::helpers::docent_cmd;
+use crate::helpers::{docent_cmd, run_ok};
 
 #[test]
 fn ingest_then_ask_json() {
@@ -26,29 +26,16 @@ fn ingest_then_ask_json() {
         "{err}"
     );
 
-    let out = docent_cmd(&index).arg("ingest").arg(&doc).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_ok(docent_cmd(&index).arg("ingest").arg(&doc));
     assert!(String::from_utf8_lossy(&out.stdout).contains("ingested 1 document(s) (1 chunks)"));
 
-    let out = docent_cmd(&index)
-        .args([
-            "ask",
-            "--json",
-            "--top-k",
-            "1",
-            "What is the secret password of the docent test suite?",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_ok(docent_cmd(&index).args([
+        "ask",
+        "--json",
+        "--top-k",
+        "1",
+        "What is the secret password of the docent test suite?",
+    ]));
     let body: Value = serde_json::from_slice(&out.stdout).unwrap();
     eprintln!("{body:#}");
     assert!(!body["answer"].as_str().unwrap().trim().is_empty());

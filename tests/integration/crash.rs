@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use docent_ingest::store::{SearchFilter, Store};
 
-use crate::helpers::{config, docent_cmd, rust_book};
+use crate::helpers::{config, docent_cmd, run_ok, rust_book};
 
 /// (id, source, chunks, chunks_total) of every stored document.
 fn snapshot(dir: &std::path::Path) -> (Vec<(String, String, usize, usize)>, usize) {
@@ -82,16 +82,7 @@ fn sigkill_during_ingest_never_leaves_half_documents() {
         );
     }
     // run to completion: converges to every file, complete
-    let out = docent_cmd(&index)
-        .arg("ingest")
-        .arg(&corpus)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_ok(docent_cmd(&index).arg("ingest").arg(&corpus));
     let (docs, _) = snapshot(&index);
     let files = std::fs::read_dir(&corpus)
         .unwrap()

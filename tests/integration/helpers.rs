@@ -73,6 +73,18 @@ pub fn docent_cmd(data_dir: &Path) -> Command {
     cmd
 }
 
+/// Runs a `docent` command that must succeed; its output.
+pub fn run_ok(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().expect("run docent");
+    assert!(
+        out.status.success(),
+        "docent failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 pub fn rust_book(chapter: &str) -> PathBuf {
     shared().join("data/corpus/rust-book/src").join(chapter)
 }
