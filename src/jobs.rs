@@ -13,6 +13,8 @@ pub enum Status {
     Running,
     Done,
     Unchanged,
+    /// The content was already stored under another source; this one was added to it.
+    Deduplicated,
     Failed,
 }
 
@@ -94,7 +96,12 @@ impl Jobs {
         let all = |s: &[Status]| job.documents.iter().all(|d| s.contains(&d.status));
         job.status = if all(&[Status::Queued]) {
             Status::Queued
-        } else if all(&[Status::Done, Status::Unchanged, Status::Failed]) {
+        } else if all(&[
+            Status::Done,
+            Status::Unchanged,
+            Status::Deduplicated,
+            Status::Failed,
+        ]) {
             if job.documents.iter().any(|d| d.status == Status::Failed) {
                 Status::Failed
             } else {

@@ -1,6 +1,6 @@
 //! The `docent` command: `serve`, `ingest`, `ask`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -109,10 +109,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
             .await??;
             println!(
-                "ingested {} document(s) ({} chunks), {} unchanged, {} failed",
+                "ingested {} document(s) ({} chunks), {} unchanged, {} deduplicated (content already stored under another path), {} failed",
                 report.ingested.len(),
                 report.chunks_written(),
                 report.unchanged.len(),
+                report.deduplicated.len(),
                 report.failed.len()
             );
             for (_, error) in &report.failed {
@@ -216,13 +217,13 @@ impl Progress for Bar {
         self.bar.set_length(bytes);
         self.refresh();
     }
-    fn advance(&self, chunks: usize, bytes: u64) {
+    fn advance(&self, _item: usize, chunks: usize, _total: usize, bytes: u64) {
         self.chunks
             .fetch_add(chunks, std::sync::atomic::Ordering::Relaxed);
         self.bar.inc(bytes);
         self.refresh();
     }
-    fn file_done(&self, _path: &Path, result: &Result<Outcome, String>) {
+    fn done(&self, _item: usize, _name: &str, result: &Result<Outcome, String>) {
         self.files
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.refresh();

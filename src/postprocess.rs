@@ -233,8 +233,7 @@ mod tests {
                     end: text.len(),
                 },
                 text: text.into(),
-                collection: None,
-                tags: vec![],
+                ..Default::default()
             },
             score: 0.5,
         }

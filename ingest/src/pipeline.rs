@@ -1,7 +1,9 @@
 //! The ingest pipeline: the one place that knows the order **load → split → embed → store**.
 //! The CLI and the HTTP service both call [`Ingestor`].
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::sync_channel;
 use std::sync::Arc;
 
 use tracing::{debug, info_span, warn};
@@ -9,16 +11,19 @@ use tracing::{debug, info_span, warn};
 use crate::embed::Embedder;
 use crate::load::{self, Document};
 use crate::split::{Chunk, Splitter};
-use crate::store::{ChunkPayload, Span, Store, Version};
-use crate::Result;
+use crate::store::{ChunkPayload, Origin, Span, Store, Version};
+use crate::{Error, Result};
 
 /// What happened to one document.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// New or changed content was written; older versions of the same source removed.
     Ingested { document_id: String, chunks: usize },
-    /// This exact content is already in the index.
+    /// This exact content is already in the index under this source.
     Unchanged { document_id: String },
+    /// This exact content was already stored under another source: nothing was embedded
+    /// or written again, the source was added to the stored document.
+    Deduplicated { document_id: String, chunks: usize },
 }
 
 /// Summary of one ingest run.
@@ -26,6 +31,7 @@ pub enum Outcome {
 pub struct Report {
     pub ingested: Vec<(String, Outcome)>,
     pub unchanged: Vec<(String, Outcome)>,
+    pub deduplicated: Vec<(String, Outcome)>,
     pub failed: Vec<(PathBuf, String)>,
     /// Files in the given directories whose type is not supported.
     pub skipped: Vec<PathBuf>,
@@ -37,38 +43,160 @@ impl Report {
             .iter()
             .map(|(_, o)| match o {
                 Outcome::Ingested { chunks, .. } => *chunks,
-                Outcome::Unchanged { .. } => 0,
+                _ => 0,
             })
             .sum()
     }
 }
 
 /// Progress notifications, so the CLI can draw a bar and the service can track jobs.
+/// `item` is the input's position in the list given to [`Ingestor::ingest`]. All calls
+/// come from the thread that called `ingest`.
 pub trait Progress: Send + Sync {
-    /// Once, with the number of files and their total size in bytes.
-    fn start(&self, _files: usize, _bytes: u64) {}
-    /// `chunks` more chunks were embedded, covering about `bytes` more bytes of input.
-    fn advance(&self, _chunks: usize, _bytes: u64) {}
-    /// A file is finished (ingested, unchanged or failed).
-    fn file_done(&self, _path: &Path, _result: &std::result::Result<Outcome, String>) {}
+    /// Once, with the number of inputs and their total size in bytes.
+    fn start(&self, _items: usize, _bytes: u64) {}
+    /// `chunks` more of the `total` chunks of `item` were embedded, covering about
+    /// `bytes` more bytes of input.
+    fn advance(&self, _item: usize, _chunks: usize, _total: usize, _bytes: u64) {}
+    /// An input is finished (ingested, unchanged, deduplicated or failed).
+    fn done(&self, _item: usize, _name: &str, _result: &std::result::Result<Outcome, String>) {}
 }
 
 /// No progress output.
 pub struct Silent;
 impl Progress for Silent {}
 
+/// One thing to ingest.
+pub enum Input {
+    /// A file to load.
+    File(PathBuf),
+    /// A document already loaded (an upload).
+    Document(Document),
+}
+
+impl Input {
+    fn name(&self) -> String {
+        match self {
+            Input::File(p) => p.display().to_string(),
+            Input::Document(d) => d.source.clone(),
+        }
+    }
+    fn size(&self) -> u64 {
+        match self {
+            Input::File(p) => std::fs::metadata(p).map(|m| m.len()).unwrap_or(0),
+            Input::Document(d) => d.text.len() as u64,
+        }
+    }
+}
+
+/// How the stages are run.
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    /// Threads that load and split documents while the embedder runs.
+    pub workers: usize,
+    /// Documents loaded and split ahead of the embedder (bounds memory).
+    pub queue_depth: usize,
+    /// Embedded batches waiting to be written (bounds memory).
+    pub write_queue: usize,
+    /// The store is made durable after this many chunks of a long document, so the
+    /// write-ahead log of one big document does not grow without bound.
+    pub flush_every: usize,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        PipelineConfig {
+            workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            queue_depth: 2,
+            write_queue: 4,
+            flush_every: 4096,
+        }
+    }
+}
+
+/// A loaded document, split unless its content is already stored.
+struct Prepared {
+    doc: Document,
+    chunks: Option<Vec<Chunk>>,
+}
+
+/// The bounded queue between the workers and the writer: prepared documents by input
+/// position. A worker waits while its document is `depth` or more ahead of the writer.
+struct Handoff {
+    state: parking_lot::Mutex<(usize, std::collections::BTreeMap<usize, Result<Prepared>>)>,
+    changed: parking_lot::Condvar,
+    depth: usize,
+}
+
+impl Handoff {
+    fn new(depth: usize) -> Self {
+        Handoff {
+            state: Default::default(),
+            changed: Default::default(),
+            depth,
+        }
+    }
+
+    fn wait_for_room(&self, i: usize) {
+        let mut state = self.state.lock();
+        while i >= state.0 + self.depth {
+            self.changed.wait(&mut state);
+        }
+    }
+
+    fn put(&self, i: usize, prepared: Result<Prepared>) {
+        self.state.lock().1.insert(i, prepared);
+        self.changed.notify_all();
+    }
+
+    fn take(&self, i: usize) -> Result<Prepared> {
+        let mut state = self.state.lock();
+        state.0 = i;
+        self.changed.notify_all();
+        loop {
+            if let Some(p) = state.1.remove(&i) {
+                state.0 = i + 1;
+                self.changed.notify_all();
+                return p;
+            }
+            self.changed.wait(&mut state);
+        }
+    }
+}
+
+/// Runs the pipeline. Stages and their threads:
+///
+/// ```text
+/// workers (load → split) ──queue_depth docs──▶ embed (this thread) ──write_queue batches──▶ store writer
+/// ```
+///
+/// Writes to the store are serialised (one document at a time), so identical content
+/// arriving from two sources at once is stored once.
 pub struct Ingestor {
     splitter: Splitter,
     embedder: Arc<Embedder>,
     store: Arc<Store>,
+    config: PipelineConfig,
+    write_lock: parking_lot::Mutex<()>,
 }
 
 impl Ingestor {
     pub fn new(splitter: Splitter, embedder: Arc<Embedder>, store: Arc<Store>) -> Self {
+        Self::with_config(splitter, embedder, store, PipelineConfig::default())
+    }
+
+    pub fn with_config(
+        splitter: Splitter,
+        embedder: Arc<Embedder>,
+        store: Arc<Store>,
+        config: PipelineConfig,
+    ) -> Self {
         Ingestor {
             splitter,
             embedder,
             store,
+            config,
+            write_lock: Default::default(),
         }
     }
 
@@ -96,121 +224,177 @@ impl Ingestor {
                 Err(e) => unreadable.push((p.clone(), e.to_string())),
             }
         }
-        let sizes: Vec<u64> = found
-            .files
-            .iter()
-            .map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0))
-            .collect();
-        progress.start(found.files.len(), sizes.iter().sum());
         let mut report = Report {
             skipped: found.skipped,
             failed: unreadable,
             ..Report::default()
         };
-        for (path, size) in found.files.into_iter().zip(sizes) {
-            let advanced = std::cell::Cell::new(0u64);
-            let on_batch = |done: usize, total: usize| {
-                let bytes = size * done as u64 / total.max(1) as u64;
-                advanced.set(advanced.get() + bytes);
-                progress.advance(done, bytes);
-            };
-            let result =
-                load::load_file(&path).and_then(|doc| self.ingest_document_with(&doc, &on_batch));
-            progress.advance(0, size.saturating_sub(advanced.get()));
-            let shown = result.as_ref().map(Clone::clone).map_err(|e| e.to_string());
-            progress.file_done(&path, &shown);
+        let files = found.files;
+        let inputs = files.iter().cloned().map(Input::File).collect();
+        for (path, result) in files.into_iter().zip(self.ingest(inputs, progress)) {
+            let name = path.display().to_string();
             match result {
-                Ok(o @ Outcome::Ingested { .. }) => {
-                    report.ingested.push((path.display().to_string(), o))
-                }
-                Ok(o @ Outcome::Unchanged { .. }) => {
-                    report.unchanged.push((path.display().to_string(), o))
-                }
+                Ok(o @ Outcome::Ingested { .. }) => report.ingested.push((name, o)),
+                Ok(o @ Outcome::Unchanged { .. }) => report.unchanged.push((name, o)),
+                Ok(o @ Outcome::Deduplicated { .. }) => report.deduplicated.push((name, o)),
                 Err(e) => {
-                    warn!(path = %path.display(), error = %e, "ingest failed");
-                    let shown = path.display().to_string();
                     let msg = e.to_string();
-                    let msg = if msg.starts_with(&shown) {
+                    let msg = if msg.starts_with(&name) {
                         msg
                     } else {
-                        format!("{shown}: {msg}")
+                        format!("{name}: {msg}")
                     };
                     report.failed.push((path, msg));
                 }
             }
         }
-        self.store.flush();
         Ok(report)
     }
 
-    /// Splits, embeds and stores one document. Unchanged content is a no-op; a changed
-    /// document replaces the older version's chunks of the same source.
-    pub fn ingest_document(&self, doc: &Document) -> Result<Outcome> {
-        self.ingest_document_with(doc, &|_, _| {})
+    /// Ingests `inputs`, one result per input in the same order. Loading and splitting
+    /// run on worker threads ahead of the embedder through a bounded queue; a failed
+    /// input leaves nothing behind and the others go on.
+    pub fn ingest(&self, inputs: Vec<Input>, progress: &dyn Progress) -> Vec<Result<Outcome>> {
+        let sizes: Vec<u64> = inputs.iter().map(Input::size).collect();
+        let names: Vec<String> = inputs.iter().map(Input::name).collect();
+        progress.start(inputs.len(), sizes.iter().sum());
+        let n = inputs.len();
+        let queue: Vec<parking_lot::Mutex<Option<Input>>> = inputs
+            .into_iter()
+            .map(|i| parking_lot::Mutex::new(Some(i)))
+            .collect();
+        let next = AtomicUsize::new(0);
+        let handoff = Handoff::new(self.config.queue_depth.max(1));
+        let workers = self.config.workers.clamp(1, n.max(1));
+        let mut results = Vec::with_capacity(n);
+        std::thread::scope(|scope| {
+            for _ in 0..workers {
+                let (queue, next, handoff) = (&queue, &next, &handoff);
+                scope.spawn(move || loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(input) = queue.get(i).and_then(|slot| slot.lock().take()) else {
+                        break;
+                    };
+                    handoff.wait_for_room(i);
+                    let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        self.prepare(input)
+                    }))
+                    .unwrap_or_else(|_| Err(Error::Embed("loading or splitting panicked".into())));
+                    handoff.put(i, prepared);
+                });
+            }
+            // The writer takes documents in input order, so a run is deterministic.
+            for (i, (size, name)) in sizes.iter().copied().zip(&names).enumerate() {
+                let prepared = handoff.take(i);
+                let advanced = std::cell::Cell::new(0u64);
+                let on_batch = |done: usize, total: usize| {
+                    let bytes = size * done as u64 / total.max(1) as u64;
+                    advanced.set(advanced.get() + bytes);
+                    progress.advance(i, done, total, bytes);
+                };
+                let result = prepared.and_then(|p| self.write(&p.doc, p.chunks, &on_batch));
+                progress.advance(i, 0, 0, size.saturating_sub(advanced.get()));
+                if let Err(e) = &result {
+                    warn!(input = %name, error = %e, "ingest failed");
+                }
+                let shown = result.as_ref().map(Clone::clone).map_err(|e| e.to_string());
+                progress.done(i, name, &shown);
+                results.push(result);
+            }
+        });
+        self.store.flush();
+        results
     }
 
-    /// [`Self::ingest_document`], calling `on_batch(chunks_in_batch, chunks_in_document)`
-    /// after each embedding batch.
-    pub fn ingest_document_with(
+    /// Worker stage: load, and split unless the content is already stored.
+    fn prepare(&self, input: Input) -> Result<Prepared> {
+        let doc = match input {
+            Input::File(path) => load::load_file(&path)?,
+            Input::Document(doc) => doc,
+        };
+        let stored = self.store.stored_chunks(&doc.id, &self.fingerprint())?;
+        let chunks = (stored == 0).then(|| self.splitter.split(&doc));
+        Ok(Prepared { doc, chunks })
+    }
+
+    /// Splits, embeds and stores one document. Unchanged content is a no-op; content
+    /// stored under another source is not written again; a changed document replaces the
+    /// older version's chunks of the same source.
+    pub fn ingest_document(&self, doc: &Document) -> Result<Outcome> {
+        self.write(doc, None, &|_, _| {})
+    }
+
+    /// Writer stage for one document (`chunks`: its chunks if already split).
+    fn write(
         &self,
         doc: &Document,
+        chunks: Option<Vec<Chunk>>,
         on_batch: &dyn Fn(usize, usize),
     ) -> Result<Outcome> {
         let _span = info_span!("ingest", source = %doc.source).entered();
+        let _serialised = self.write_lock.lock();
         let pipeline = self.fingerprint();
-        let previous = self.store.documents_of_source(&doc.source)?;
-        if self
-            .store
-            .version_chunk_count(&doc.id, &doc.source, &pipeline)?
-            > 0
-        {
-            self.remove_stale(&previous, doc)?;
-            return Ok(Outcome::Unchanged {
-                document_id: doc.id.clone(),
-            });
-        }
-        if previous.contains(&doc.id) {
-            // the same content made with other settings (same point ids): replace it
-            self.store.delete_version(&doc.id, &doc.source)?;
-        }
+        let origin = Origin {
+            source: doc.source.clone(),
+            collection: doc.collection.clone(),
+            tags: doc.tags.clone(),
+        };
         let version = Version {
             document_id: doc.id.clone(),
             source: doc.source.clone(),
         };
-        let chunks = self.splitter.split(doc);
+        let replaces: Vec<Version> = self
+            .store
+            .documents_of_source(&doc.source)?
+            .into_iter()
+            .filter(|id| *id != doc.id)
+            .map(|document_id| Version {
+                document_id,
+                source: doc.source.clone(),
+            })
+            .collect();
+        let stored = self.store.stored_chunks(&doc.id, &pipeline)?;
+        let origins = self.store.origins(&doc.id)?;
+        if stored > 0 {
+            let known = origins.iter().find(|o| o.source == doc.source);
+            if known == Some(&origin) && replaces.is_empty() {
+                return Ok(Outcome::Unchanged {
+                    document_id: doc.id.clone(),
+                });
+            }
+            self.store.publish(&version, Some(&origin), &replaces)?;
+            return Ok(if known.is_some() {
+                Outcome::Unchanged {
+                    document_id: doc.id.clone(),
+                }
+            } else {
+                Outcome::Deduplicated {
+                    document_id: doc.id.clone(),
+                    chunks: stored,
+                }
+            });
+        }
+        // new content, or content stored with other settings: (re)write it for every source
+        if !origins.is_empty() {
+            self.store.delete_document(&doc.id)?;
+        }
+        let mut all_origins: Vec<Origin> = origins
+            .into_iter()
+            .filter(|o| o.source != doc.source)
+            .collect();
+        all_origins.insert(0, origin);
+        let chunks = chunks.unwrap_or_else(|| self.splitter.split(doc));
         let n = chunks.len();
         // Written batch by batch while hidden from search; shown in one step at the end.
         self.store.begin(&version)?;
-        let written = chunks
-            .chunks(self.embedder.config().batch_size.max(1))
-            .try_for_each(|batch| {
-                let texts: Vec<&str> = batch.iter().map(|c| c.text.as_str()).collect();
-                let embeddings = self.embedder.embed_documents(&texts)?;
-                let points = batch
-                    .iter()
-                    .zip(embeddings)
-                    .map(|(c, e)| (self.payload(doc, c, n, &pipeline), e))
-                    .collect();
-                self.store.upsert(points)?;
-                on_batch(batch.len(), n);
-                Ok(())
-            });
-        if let Err(e) = written {
+        if let Err(e) = self.embed_and_store(doc, chunks, &pipeline, &all_origins, on_batch) {
             // leave nothing of a failed document behind
             if let Err(abort) = self.store.abort(&version) {
                 warn!(error = %abort, "could not remove a partly written document");
             }
             return Err(e);
         }
-        let replaces: Vec<Version> = previous
-            .iter()
-            .filter(|id| **id != doc.id)
-            .map(|id| Version {
-                document_id: id.clone(),
-                source: doc.source.clone(),
-            })
-            .collect();
-        if let Err(e) = self.store.publish(&version, &replaces) {
+        if let Err(e) = self.store.publish(&version, None, &replaces) {
             // the new version is visible; an old one may linger until the next run
             warn!(error = %e, "could not remove the previous version");
         }
@@ -221,8 +405,74 @@ impl Ingestor {
         })
     }
 
-    fn payload(&self, doc: &Document, c: &Chunk, n: usize, pipeline: &str) -> ChunkPayload {
-        ChunkPayload {
+    /// Embeds `chunks` in batches on this thread while a second thread writes the
+    /// embedded batches (a bounded queue between them), flushing every
+    /// [`PipelineConfig::flush_every`] chunks.
+    fn embed_and_store(
+        &self,
+        doc: &Document,
+        chunks: Vec<Chunk>,
+        pipeline: &str,
+        origins: &[Origin],
+        on_batch: &dyn Fn(usize, usize),
+    ) -> Result<()> {
+        let n = chunks.len();
+        let batch_size = self.embedder.config().batch_size.max(1);
+        let (tx, rx) = sync_channel::<Vec<(ChunkPayload, crate::embed::Embedding)>>(
+            self.config.write_queue.max(1),
+        );
+        std::thread::scope(|scope| {
+            let writer = scope.spawn(move || -> Result<()> {
+                let mut unflushed = 0;
+                for points in rx {
+                    unflushed += points.len();
+                    self.store.upsert(points)?;
+                    if unflushed >= self.config.flush_every.max(1) {
+                        self.store.flush();
+                        unflushed = 0;
+                    }
+                }
+                Ok(())
+            });
+            let mut rest = chunks.into_iter();
+            let embedded = loop {
+                let batch: Vec<Chunk> = rest.by_ref().take(batch_size).collect();
+                if batch.is_empty() {
+                    break Ok(());
+                }
+                let texts: Vec<&str> = batch.iter().map(|c| c.text.as_str()).collect();
+                let embeddings = match self.embedder.embed_documents(&texts) {
+                    Ok(e) => e,
+                    Err(e) => break Err(e),
+                };
+                let k = batch.len();
+                let points = batch
+                    .into_iter()
+                    .zip(embeddings)
+                    .map(|(c, e)| (self.payload(doc, c, n, pipeline, origins), e))
+                    .collect();
+                if tx.send(points).is_err() {
+                    break Ok(()); // the writer failed: its error is reported below
+                }
+                on_batch(k, n);
+            };
+            drop(tx);
+            let written = writer
+                .join()
+                .unwrap_or_else(|_| Err(Error::Store("the store writer panicked".into())));
+            embedded.and(written)
+        })
+    }
+
+    fn payload(
+        &self,
+        doc: &Document,
+        c: Chunk,
+        n: usize,
+        pipeline: &str,
+        origins: &[Origin],
+    ) -> ChunkPayload {
+        let mut p = ChunkPayload {
             document_id: doc.id.clone(),
             source: doc.source.clone(),
             title: doc.title.clone(),
@@ -234,10 +484,15 @@ impl Ingestor {
                 start: c.start,
                 end: c.end,
             },
-            text: c.text.clone(),
-            collection: doc.collection.clone(),
-            tags: doc.tags.clone(),
-        }
+            text: c.text,
+            collection: None,
+            tags: Vec::new(),
+            origins: Vec::new(),
+            sources: Vec::new(),
+            collections: Vec::new(),
+        };
+        p.set_origins(origins.to_vec());
+        p
     }
 
     /// How chunks are made now: the embedding model and the chunking settings.
@@ -248,17 +503,5 @@ impl Ingestor {
             self.splitter.max_tokens(),
             self.splitter.overlap()
         )
-    }
-
-    /// Deletes the older versions of `doc`'s source.
-    fn remove_stale(
-        &self,
-        previous: &std::collections::BTreeSet<String>,
-        doc: &Document,
-    ) -> Result<()> {
-        for old in previous.iter().filter(|id| **id != doc.id) {
-            self.store.delete_version(old, &doc.source)?;
-        }
-        Ok(())
     }
 }

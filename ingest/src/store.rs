@@ -3,8 +3,9 @@
 //!
 //! Each chunk is one point with a named dense vector (`dense`, cosine) and a named sparse
 //! vector (`bm25`, IDF applied by the engine at query time), and a [`ChunkPayload`].
-//! Point ids are derived from `(document_id, chunk_index)`, so writing the same document
-//! twice overwrites instead of duplicating.
+//! Point ids are derived from `(document_id, chunk_index)`: content is stored once, however
+//! many sources (paths, uploads) hold it. Each chunk lists those sources in `origins`, with
+//! the flattened `sources`, `collections` and `tags` that filters use.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -12,10 +13,10 @@ use std::path::{Path, PathBuf};
 use qdrant_edge::{
     Condition, CountRequest, CreateIndex, Distance, EdgeConfig, EdgeShard, EdgeSparseVectorParams,
     EdgeVectorParams, FacetRequest, FacetValue, FieldCondition, FieldIndexOperations, Filter,
-    JsonPath, Match, Modifier, NamedQuery, PayloadFieldSchema, PayloadSchemaType, PointId,
-    PointInsertOperations, PointOperations, PointStruct, QueryEnum, QueryRequest, ScoringQuery,
-    ScrollRequest, UpdateOperation, ValueVariants, Vector, VectorInternal, Vectors,
-    WithPayloadInterface, WithVector,
+    JsonPath, Match, Modifier, NamedQuery, Payload, PayloadFieldSchema, PayloadOps,
+    PayloadSchemaType, PointId, PointInsertOperations, PointOperations, PointStruct, QueryEnum,
+    QueryRequest, ScoringQuery, ScrollRequest, SetPayloadOp, UpdateOperation, ValueVariants,
+    Vector, VectorInternal, Vectors, WithPayloadInterface, WithVector,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -27,16 +28,17 @@ pub const DENSE: &str = "dense";
 pub const SPARSE: &str = "bm25";
 
 /// Byte range in the extracted document text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Span {
     pub start: usize,
     pub end: usize,
 }
 
 /// What is stored with every chunk.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChunkPayload {
     pub document_id: String,
+    /// The first source that holds this content (cited); every one is in `origins`.
     pub source: String,
     pub title: String,
     pub chunk_index: usize,
@@ -54,8 +56,74 @@ pub struct ChunkPayload {
     pub text: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub collection: Option<String>,
+    /// Tags of every origin (for filters).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<String>,
+    /// Every source that holds this content, with its own collection and tags.
+    #[serde(default)]
+    pub origins: Vec<Origin>,
+    /// `origins`' sources and collections, flattened for filters.
+    #[serde(default)]
+    pub sources: Vec<String>,
+    #[serde(default)]
+    pub collections: Vec<String>,
+}
+
+/// One source of a document and the metadata it was ingested with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Origin {
+    pub source: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collection: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
+}
+
+impl ChunkPayload {
+    /// Sets `origins` and everything derived from it.
+    pub fn set_origins(&mut self, origins: Vec<Origin>) {
+        let derived = Derived::of(&origins);
+        self.source = derived.source;
+        self.collection = derived.collection;
+        self.sources = derived.sources;
+        self.collections = derived.collections;
+        self.tags = derived.tags;
+        self.origins = origins;
+    }
+}
+
+/// The payload fields that follow from a document's origins.
+#[derive(Serialize)]
+struct Derived {
+    source: String,
+    collection: Option<String>,
+    sources: Vec<String>,
+    collections: Vec<String>,
+    tags: Vec<String>,
+}
+
+impl Derived {
+    fn of(origins: &[Origin]) -> Self {
+        let mut collections: Vec<String> = origins
+            .iter()
+            .filter_map(|o| o.collection.clone())
+            .collect();
+        collections.sort();
+        collections.dedup();
+        let mut tags: Vec<String> = origins.iter().flat_map(|o| o.tags.clone()).collect();
+        tags.sort();
+        tags.dedup();
+        Derived {
+            source: origins
+                .first()
+                .map(|o| o.source.clone())
+                .unwrap_or_default(),
+            collection: origins.first().and_then(|o| o.collection.clone()),
+            sources: origins.iter().map(|o| o.source.clone()).collect(),
+            collections,
+            tags,
+        }
+    }
 }
 
 /// A search result.
@@ -69,7 +137,7 @@ pub struct Hit {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SearchFilter {
-    /// Only chunks of this collection.
+    /// Only chunks of this collection (of any of their origins).
     pub collection: Option<String>,
     /// Only chunks with at least one of these tags.
     #[serde(default)]
@@ -99,6 +167,8 @@ pub struct DocumentInfo {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub collection: Option<String>,
     pub tags: Vec<String>,
+    /// Every source holding this content (identical files are stored once).
+    pub sources: Vec<String>,
     pub chunks: usize,
     /// How many chunks the document was split into; `chunks == chunks_total` when complete.
     pub chunks_total: usize,
@@ -121,7 +191,8 @@ pub struct Version {
 pub struct Store {
     shard: EdgeShard,
     path: PathBuf,
-    hidden: parking_lot::RwLock<BTreeSet<Version>>,
+    /// Documents being written or about to be deleted.
+    hidden: parking_lot::RwLock<BTreeSet<String>>,
     journal: PathBuf,
     recovered: Vec<Version>,
     /// Versions rolled back after a crash, kept in `failed.json` until their source is
@@ -137,9 +208,11 @@ pub struct Store {
 enum JournalEntry {
     /// `version` is being written: roll back (delete it).
     Writing { version: Version },
-    /// `version` is complete: roll forward (delete `replaces`).
+    /// `version` is complete: roll forward (add `origin` to it, detach `replaces`).
     Publishing {
         version: Version,
+        #[serde(default)]
+        origin: Option<Origin>,
         replaces: Vec<Version>,
     },
 }
@@ -178,27 +251,23 @@ fn match_keyword(field: &str, value: &str) -> Result<Filter> {
     Ok(Filter::new_must(keyword(field, value)?))
 }
 
-/// Points of one document version at one source.
-fn version_filter(document_id: &str, source: &str) -> Result<Filter> {
-    Ok(Filter {
-        must: Some(vec![
-            keyword("document_id", document_id)?,
-            keyword("source", source)?,
-        ]),
-        ..Default::default()
-    })
-}
-
 /// The embedding model an index was built with, in `index.json` beside the engine's files.
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
 struct Identity {
+    /// Layout of the points; older layouts cannot be read.
+    #[serde(default)]
+    format: u32,
     embedding_model_sha256: String,
     dim: usize,
 }
 
+/// 2: one point per chunk of content, shared by every source (`origins`).
+const FORMAT: u32 = 2;
+
 fn check_identity(dir: &Path, dim: usize, model: &str) -> Result<()> {
     let file = dir.join("index.json");
     let want = Identity {
+        format: FORMAT,
         embedding_model_sha256: model.to_string(),
         dim,
     };
@@ -206,6 +275,13 @@ fn check_identity(dir: &Path, dim: usize, model: &str) -> Result<()> {
         Ok(bytes) => {
             let have: Identity = serde_json::from_slice(&bytes)
                 .map_err(|e| Error::Store(format!("{}: {e}", file.display())))?;
+            if have.format != want.format {
+                return Err(Error::Store(format!(
+                    "the index in {} was written by an older docent (format {}, this one reads {FORMAT}); use a new data directory and ingest again",
+                    dir.display(),
+                    have.format
+                )));
+            }
             if have != want {
                 return Err(Error::Store(format!(
                     "the index in {} was built with another embedding model (sha256 {}…, {} dimensions); use a new data directory or re-ingest into an empty one",
@@ -226,9 +302,9 @@ fn check_identity(dir: &Path, dim: usize, model: &str) -> Result<()> {
     }
 }
 
-/// Deterministic point id of a chunk of a document version at a source.
-pub fn point_id(document_id: &str, source: &str, chunk_index: usize) -> u64 {
-    let digest = Sha256::digest(format!("{document_id}\0{source}\0{chunk_index}").as_bytes());
+/// Deterministic point id of a chunk of a document (content).
+pub fn point_id(document_id: &str, chunk_index: usize) -> u64 {
+    let digest = Sha256::digest(format!("{document_id}\0{chunk_index}").as_bytes());
     let mut bytes = [0u8; 8];
     bytes.copy_from_slice(&digest[..8]);
     u64::from_le_bytes(bytes)
@@ -279,7 +355,7 @@ impl Store {
         if let Ok(bytes) = std::fs::read(&store.failed_file) {
             *store.failed.get_mut() = serde_json::from_slice(&bytes).unwrap_or_default();
         }
-        for field in ["document_id", "source", "collection", "tags"] {
+        for field in ["document_id", "sources", "collections", "tags"] {
             store
                 .shard
                 .update(UpdateOperation::FieldIndexOperation(
@@ -356,7 +432,8 @@ impl Store {
                 .and_then(|b| serde_json::from_slice(&b).ok());
             match entry {
                 Some(JournalEntry::Writing { version }) => {
-                    self.delete_version(&version.document_id, &version.source)?;
+                    // content is written only when no source holds it yet
+                    self.delete_document(&version.document_id)?;
                     tracing::warn!(source = %version.source, "rolled back an interrupted ingest");
                     let v = version.clone();
                     self.set_failed(|f| {
@@ -365,9 +442,18 @@ impl Store {
                     })?;
                     self.recovered.push(version);
                 }
-                Some(JournalEntry::Publishing { replaces, .. }) => {
-                    for old in replaces {
-                        self.delete_version(&old.document_id, &old.source)?;
+                Some(JournalEntry::Publishing {
+                    version,
+                    origin,
+                    replaces,
+                }) => {
+                    if let Some(o) = &origin {
+                        if !self.origins(&version.document_id)?.is_empty() {
+                            self.attach(&version.document_id, o)?;
+                        }
+                    }
+                    for old in replaces.iter().filter(|old| **old != version) {
+                        self.detach(&old.document_id, &old.source)?;
                     }
                 }
                 None => {}
@@ -386,7 +472,7 @@ impl Store {
         let points = chunks
             .into_iter()
             .map(|(payload, emb)| {
-                let id = point_id(&payload.document_id, &payload.source, payload.chunk_index);
+                let id = point_id(&payload.document_id, payload.chunk_index);
                 let json = serde_json::to_value(&payload).map_err(store_err)?;
                 let vectors = Vectors::new_named([
                     (DENSE, Vector::new_dense(emb.dense)),
@@ -411,28 +497,95 @@ impl Store {
             .map_err(store_err)
     }
 
-    /// Removes the chunks of one document version at one source, leaving the same content
-    /// stored under other sources alone.
-    pub fn delete_version(&self, document_id: &str, source: &str) -> Result<()> {
+    /// The sources holding a document and their metadata (empty if it is not stored).
+    pub fn origins(&self, document_id: &str) -> Result<Vec<Origin>> {
+        Ok(self
+            .first_payload(document_id)?
+            .map(|p| {
+                if p.origins.is_empty() {
+                    vec![Origin {
+                        source: p.source,
+                        collection: p.collection,
+                        tags: p.tags,
+                    }]
+                } else {
+                    p.origins
+                }
+            })
+            .unwrap_or_default())
+    }
+
+    fn set_origins(&self, document_id: &str, origins: &[Origin]) -> Result<()> {
+        let mut payload = serde_json::to_value(Derived::of(origins)).map_err(store_err)?;
+        if let Some(map) = payload.as_object_mut() {
+            map.insert(
+                "origins".into(),
+                serde_json::to_value(origins).map_err(store_err)?,
+            );
+        }
+        let serde_json::Value::Object(map) = payload else {
+            return Err(Error::Store("payload is not an object".into()));
+        };
         self.shard
-            .update(UpdateOperation::PointOperation(
-                PointOperations::DeletePointsByFilter(version_filter(document_id, source)?),
-            ))
+            .update(UpdateOperation::PayloadOperation(PayloadOps::SetPayload(
+                SetPayloadOp {
+                    payload: Payload(map.into_iter().collect()),
+                    points: None,
+                    filter: Some(match_keyword("document_id", document_id)?),
+                    key: None,
+                },
+            )))
             .map_err(store_err)
     }
 
-    /// Number of chunks of a document version at a source made by `pipeline`.
-    pub fn version_chunk_count(
-        &self,
-        document_id: &str,
-        source: &str,
-        pipeline: &str,
-    ) -> Result<usize> {
-        let mut f = version_filter(document_id, source)?;
-        if let Some(must) = f.must.as_mut() {
-            must.push(keyword("pipeline", pipeline)?);
+    /// Adds `origin` to a stored document (or updates its metadata). Returns whether the
+    /// source was new to the document.
+    pub fn attach(&self, document_id: &str, origin: &Origin) -> Result<bool> {
+        let mut origins = self.origins(document_id)?;
+        if origins.is_empty() {
+            return Err(Error::Store(format!(
+                "document {document_id} is not stored"
+            )));
         }
-        self.count(Some(f))
+        let new = match origins.iter_mut().find(|o| o.source == origin.source) {
+            Some(o) if o == origin => return Ok(false),
+            Some(o) => {
+                *o = origin.clone();
+                false
+            }
+            None => {
+                origins.push(origin.clone());
+                true
+            }
+        };
+        self.set_origins(document_id, &origins)?;
+        Ok(new)
+    }
+
+    /// Removes `source` from a document's origins; a document left without sources is
+    /// deleted.
+    pub fn detach(&self, document_id: &str, source: &str) -> Result<()> {
+        let mut origins = self.origins(document_id)?;
+        let before = origins.len();
+        origins.retain(|o| o.source != source);
+        if origins.is_empty() {
+            self.delete_document(document_id)
+        } else if origins.len() != before {
+            self.set_origins(document_id, &origins)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Number of chunks of a document made by `pipeline`.
+    pub fn stored_chunks(&self, document_id: &str, pipeline: &str) -> Result<usize> {
+        self.count(Some(Filter {
+            must: Some(vec![
+                keyword("document_id", document_id)?,
+                keyword("pipeline", pipeline)?,
+            ]),
+            ..Default::default()
+        }))
     }
 
     /// Number of chunks stored for a document.
@@ -460,7 +613,7 @@ impl Store {
 
     /// Ids of the documents stored for a source.
     pub fn documents_of_source(&self, source: &str) -> Result<BTreeSet<String>> {
-        let filter = match_keyword("source", source)?;
+        let filter = match_keyword("sources", source)?;
         let mut ids = BTreeSet::new();
         let mut offset = None;
         loop {
@@ -493,7 +646,8 @@ impl Store {
         Ok(ids)
     }
 
-    /// Hides `version` from search while it is written.
+    /// Hides `version` from search while it is written. Content is written only when no
+    /// source holds it yet, so the whole document is hidden.
     pub fn begin(&self, version: &Version) -> Result<()> {
         self.journal_write(
             version,
@@ -501,35 +655,57 @@ impl Store {
                 version: version.clone(),
             },
         )?;
-        self.hidden.write().insert(version.clone());
+        self.hidden.write().insert(version.document_id.clone());
         Ok(())
     }
 
-    /// Shows `version` and hides `replaces` in one step, then deletes `replaces`.
-    pub fn publish(&self, version: &Version, replaces: &[Version]) -> Result<()> {
+    /// Makes `version` what its source shows, in one step for readers: shows the document
+    /// (written since [`Store::begin`], or already stored under other sources, in which
+    /// case `origin` is added to it), hides the documents in `replaces` that no other
+    /// source holds, then removes `version.source` from each of `replaces`.
+    pub fn publish(
+        &self,
+        version: &Version,
+        origin: Option<&Origin>,
+        replaces: &[Version],
+    ) -> Result<()> {
         // the new version must be durable before the journal says it is complete
         self.shard.flush();
         self.journal_write(
             version,
             &JournalEntry::Publishing {
                 version: version.clone(),
+                origin: origin.cloned(),
                 replaces: replaces.to_vec(),
             },
         )?;
+        let mut vanishing = Vec::new();
+        for old in replaces {
+            let origins = self.origins(&old.document_id)?;
+            if origins.iter().all(|o| o.source == old.source) {
+                vanishing.push(old.document_id.clone());
+            }
+        }
         {
             let mut hidden = self.hidden.write();
-            hidden.remove(version);
-            hidden.extend(replaces.iter().cloned());
+            hidden.remove(&version.document_id);
+            hidden.extend(vanishing.iter().cloned());
         }
-        let mut result = Ok(());
+        let mut result = match origin {
+            Some(o) => self.attach(&version.document_id, o).map(|_| ()),
+            None => Ok(()),
+        };
         for old in replaces {
-            if let Err(e) = self.delete_version(&old.document_id, &old.source) {
+            if let Err(e) = self.detach(&old.document_id, &old.source) {
                 result = Err(e);
-                continue;
             }
-            self.hidden.write().remove(old);
         }
         if result.is_ok() {
+            let mut hidden = self.hidden.write();
+            for id in &vanishing {
+                hidden.remove(id);
+            }
+            drop(hidden);
             self.journal_clear(version)?;
         }
         self.set_failed(|f| f.retain(|x| x.source != version.source))?;
@@ -538,8 +714,8 @@ impl Store {
 
     /// Deletes a version that could not be written completely.
     pub fn abort(&self, version: &Version) -> Result<()> {
-        self.delete_version(&version.document_id, &version.source)?;
-        self.hidden.write().remove(version);
+        self.delete_document(&version.document_id)?;
+        self.hidden.write().remove(&version.document_id);
         self.journal_clear(version)
     }
 
@@ -553,7 +729,7 @@ impl Store {
         let hidden = self.hidden.read();
         let mut must = Vec::new();
         if let Some(c) = &only.collection {
-            must.push(keyword("collection", c)?);
+            must.push(keyword("collections", c)?);
         }
         if !only.tags.is_empty() {
             must.push(any_of("tags", &only.tags)?);
@@ -561,10 +737,12 @@ impl Store {
         if !only.document_ids.is_empty() {
             must.push(any_of("document_id", &only.document_ids)?);
         }
-        let must_not = hidden
-            .iter()
-            .map(|v| version_filter(&v.document_id, &v.source).map(Condition::Filter))
-            .collect::<Result<Vec<_>>>()?;
+        let must_not = if hidden.is_empty() {
+            Vec::new()
+        } else {
+            let ids: Vec<String> = hidden.iter().cloned().collect();
+            vec![any_of("document_id", &ids)?]
+        };
         let filter = (!must.is_empty() || !must_not.is_empty()).then(|| Filter {
             must: (!must.is_empty()).then_some(must),
             must_not: (!must_not.is_empty()).then_some(must_not),
@@ -614,17 +792,12 @@ impl Store {
     ) -> Result<(Vec<DocumentInfo>, bool)> {
         let mut must = Vec::new();
         if let Some(c) = &only.collection {
-            must.push(keyword("collection", c)?);
+            must.push(keyword("collections", c)?);
         }
         if !only.tags.is_empty() {
             must.push(any_of("tags", &only.tags)?);
         }
-        let hidden: Vec<String> = self
-            .hidden
-            .read()
-            .iter()
-            .map(|v| v.document_id.clone())
-            .collect();
+        let hidden: Vec<String> = self.hidden.read().iter().cloned().collect();
         let facet = self
             .shard
             .facet(FacetRequest {
@@ -663,7 +836,7 @@ impl Store {
 
     /// One published document, or `None`.
     pub fn document(&self, id: &str) -> Result<Option<DocumentInfo>> {
-        if self.hidden.read().iter().any(|v| v.document_id == id) {
+        if self.hidden.read().contains(id) {
             return Ok(None);
         }
         let chunks = self.chunk_count(id)?;
@@ -673,7 +846,8 @@ impl Store {
         self.describe(id, chunks)
     }
 
-    fn describe(&self, id: &str, chunks: usize) -> Result<Option<DocumentInfo>> {
+    /// The payload of one chunk of a document (the fields every chunk shares).
+    fn first_payload(&self, id: &str) -> Result<Option<ChunkPayload>> {
         let (records, _) = self
             .shard
             .scroll(ScrollRequest {
@@ -688,11 +862,19 @@ impl Store {
         let Some(payload) = records.into_iter().next().and_then(|r| r.payload) else {
             return Ok(None);
         };
-        let p: ChunkPayload =
-            serde_json::from_value(serde_json::Value::Object(payload.0.into_iter().collect()))
-                .map_err(|e| Error::Store(format!("malformed chunk payload: {e}")))?;
-        Ok(Some(DocumentInfo {
+        serde_json::from_value(serde_json::Value::Object(payload.0.into_iter().collect()))
+            .map(Some)
+            .map_err(|e| Error::Store(format!("malformed chunk payload: {e}")))
+    }
+
+    fn describe(&self, id: &str, chunks: usize) -> Result<Option<DocumentInfo>> {
+        Ok(self.first_payload(id)?.map(|p| DocumentInfo {
             id: p.document_id,
+            sources: if p.sources.is_empty() {
+                vec![p.source.clone()]
+            } else {
+                p.sources
+            },
             source: p.source,
             title: p.title,
             collection: p.collection,
@@ -725,9 +907,19 @@ mod tests {
     }
 
     fn payload(doc: &str, i: usize, source: &str) -> ChunkPayload {
-        ChunkPayload {
+        payload_in(doc, i, source, None, &[])
+    }
+
+    fn payload_in(
+        doc: &str,
+        i: usize,
+        source: &str,
+        collection: Option<&str>,
+        tags: &[&str],
+    ) -> ChunkPayload {
+        let mut p = ChunkPayload {
             document_id: doc.into(),
-            source: source.into(),
+            source: String::new(),
             title: "t".into(),
             chunk_index: i,
             chunks_total: 1,
@@ -740,6 +932,19 @@ mod tests {
             text: format!("{doc}-{i}"),
             collection: None,
             tags: vec![],
+            origins: vec![],
+            sources: vec![],
+            collections: vec![],
+        };
+        p.set_origins(vec![origin(source, collection, tags)]);
+        p
+    }
+
+    fn origin(source: &str, collection: Option<&str>, tags: &[&str]) -> Origin {
+        Origin {
+            source: source.into(),
+            collection: collection.map(String::from),
+            tags: tags.iter().map(|t| t.to_string()).collect(),
         }
     }
 
@@ -810,7 +1015,7 @@ mod tests {
             v
         };
         let v1 = write("v1");
-        store.publish(&v1, &[]).unwrap();
+        store.publish(&v1, None, &[]).unwrap();
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
         let stop = AtomicBool::new(false);
         let checks = AtomicUsize::new(0);
@@ -832,7 +1037,7 @@ mod tests {
             while round < 6 || (checks.load(Relaxed) < 50 && round < 2000) {
                 let next = write(if round % 2 == 0 { "v2" } else { "v1" });
                 store
-                    .publish(&next, std::slice::from_ref(&current))
+                    .publish(&next, None, std::slice::from_ref(&current))
                     .unwrap();
                 current = next;
                 round += 1;
@@ -858,9 +1063,7 @@ mod tests {
             ("c", None, vec!["animals", "x"]),
         ] {
             for i in 0..5 {
-                let mut p = payload(doc, i, &format!("/{doc}"));
-                p.collection = coll.map(String::from);
-                p.tags = tags.iter().map(|t| t.to_string()).collect();
+                let p = payload_in(doc, i, &format!("/{doc}"), coll, &tags);
                 points.push((p, emb([1.0, i as f32, doc.len() as f32])));
             }
         }
@@ -914,8 +1117,7 @@ mod tests {
         let mut points = Vec::new();
         for (doc, n, coll) in [("a", 2, Some("x")), ("b", 3, None), ("c", 1, Some("x"))] {
             for i in 0..n {
-                let mut p = payload(doc, i, &format!("/{doc}"));
-                p.collection = coll.map(String::from);
+                let p = payload_in(doc, i, &format!("/{doc}"), coll, &[]);
                 points.push((p, emb([1.0, i as f32, 0.0])));
             }
         }
@@ -958,7 +1160,7 @@ mod tests {
             s.begin(&v("old")).unwrap();
             s.upsert(vec![(payload("old", 0, "/s"), emb([1.0, 0.0, 0.0]))])
                 .unwrap();
-            s.publish(&v("old"), &[]).unwrap();
+            s.publish(&v("old"), None, &[]).unwrap();
             // a new version half written, then the process "dies" (no publish, no abort)
             s.begin(&v("new")).unwrap();
             s.upsert(vec![(payload("new", 0, "/s"), emb([1.0, 0.0, 0.0]))])
@@ -976,7 +1178,7 @@ mod tests {
         assert_eq!(s.failed(), vec![v("new")]);
         // until its source is written again
         s.begin(&v("newer")).unwrap();
-        s.publish(&v("newer"), &[v("old")]).unwrap();
+        s.publish(&v("newer"), None, &[v("old")]).unwrap();
         assert!(s.failed().is_empty());
         drop(s);
         assert!(Store::open(dir.path(), 3, "m").unwrap().failed().is_empty());
@@ -992,9 +1194,68 @@ mod tests {
 
     #[test]
     fn point_ids_are_stable_and_distinct() {
-        assert_eq!(point_id("a", "/x", 0), point_id("a", "/x", 0));
-        assert_ne!(point_id("a", "/x", 0), point_id("a", "/x", 1));
-        assert_ne!(point_id("a", "/x", 0), point_id("b", "/x", 0));
-        assert_ne!(point_id("a", "/x", 0), point_id("a", "/y", 0));
+        assert_eq!(point_id("a", 0), point_id("a", 0));
+        assert_ne!(point_id("a", 0), point_id("a", 1));
+        assert_ne!(point_id("a", 0), point_id("b", 0));
+    }
+
+    #[test]
+    fn shared_content_is_stored_once_and_lives_while_a_source_holds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path(), 3, "m").unwrap();
+        let doc = |src| {
+            (0..3)
+                .map(|i| {
+                    (
+                        payload_in("a", i, src, Some("books"), &["x"]),
+                        emb([1.0, i as f32, 0.0]),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        s.upsert(doc("/one")).unwrap();
+        // the same content under a second source, in another collection with other tags
+        let second = origin("/two", Some("papers"), &["y"]);
+        assert!(s.attach("a", &second).unwrap());
+        assert!(
+            !s.attach("a", &second).unwrap(),
+            "attaching twice changes nothing"
+        );
+        assert_eq!(s.len().unwrap(), 3, "no duplicate chunks");
+        let info = s.document("a").unwrap().unwrap();
+        assert_eq!(info.sources, vec!["/one", "/two"]);
+        assert_eq!(info.source, "/one");
+        let q = emb([1.0, 1.0, 0.0]).dense;
+        let found = |f: SearchFilter| s.search_dense(&q, 10, &f).unwrap().len();
+        let papers = SearchFilter {
+            collection: Some("papers".into()),
+            ..Default::default()
+        };
+        assert_eq!(found(papers.clone()), 3);
+        let tag_y = SearchFilter {
+            tags: vec!["y".into()],
+            ..Default::default()
+        };
+        assert_eq!(found(tag_y.clone()), 3);
+        assert!(s.documents_of_source("/two").unwrap().contains("a"));
+        // removing the first source keeps the content for the second, which is now cited
+        s.detach("a", "/one").unwrap();
+        let info = s.document("a").unwrap().unwrap();
+        assert_eq!((info.source.as_str(), info.sources.len()), ("/two", 1));
+        let books = SearchFilter {
+            collection: Some("books".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            found(books),
+            0,
+            "the collection of the removed source is gone"
+        );
+        assert_eq!(found(papers), 3);
+        assert!(s.documents_of_source("/one").unwrap().is_empty());
+        // removing the last source deletes the content
+        s.detach("a", "/two").unwrap();
+        assert_eq!(s.len().unwrap(), 0);
+        assert_eq!(found(tag_y), 0);
     }
 }

@@ -142,26 +142,41 @@ async fn bad_requests_get_json_errors() {
     assert_eq!(ok.status(), 200);
 }
 
+/// Polls `GET /v1/jobs/{id}` until the job is done or failed (at most 30 s).
+async fn wait_for_job(c: &reqwest::Client, address: &str, job_id: &str) -> Value {
+    let mut job = Value::Null;
+    for _ in 0..120 {
+        job = c
+            .get(format!("{address}/v1/jobs/{job_id}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if job["status"] == "done" || job["status"] == "failed" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    job
+}
+
 fn part(name: &str, bytes: &[u8]) -> reqwest::multipart::Part {
     reqwest::multipart::Part::bytes(bytes.to_vec()).file_name(name.to_string())
 }
+
+const ZEBRAS: &[u8] =
+    b"# Zebras\n\nZebras have black and white stripes that confuse biting flies.\n";
+const ZEBRA_META: &str = r#"{"title": "Zebra notes", "tags": ["animals"], "collection": "zoo"}"#;
 
 #[tokio::test]
 async fn upload_runs_a_job_and_delete_removes_the_document() {
     let app = app();
     let c = client();
     let form = reqwest::multipart::Form::new()
-        .part(
-            "file",
-            part(
-                "zebras.md",
-                b"# Zebras\n\nZebras have black and white stripes that confuse biting flies.\n",
-            ),
-        )
-        .text(
-            "metadata",
-            r#"{"title": "Zebra notes", "tags": ["animals"], "collection": "zoo"}"#,
-        );
+        .part("file", part("zebras.md", ZEBRAS))
+        .text("metadata", ZEBRA_META);
     let res = c
         .post(format!("{}/v1/documents", app.address))
         .multipart(form)
@@ -175,21 +190,7 @@ async fn upload_runs_a_job_and_delete_removes_the_document() {
     let doc_id = doc["id"].as_str().unwrap().to_string();
     assert_eq!(doc["source"], "zoo/zebras.md");
 
-    let mut job = Value::Null;
-    for _ in 0..120 {
-        job = c
-            .get(format!("{}/v1/jobs/{job_id}", app.address))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if job["status"] == "done" || job["status"] == "failed" {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-    }
+    let job = wait_for_job(&c, &app.address, &job_id).await;
     assert_eq!(job["status"], "done", "{job}");
     assert_eq!(job["chunks_done"], job["chunks_total"]);
     assert!(job["chunks_total"].as_u64().unwrap() >= 1);
@@ -224,7 +225,44 @@ async fn upload_runs_a_job_and_delete_removes_the_document() {
     assert_eq!(one["title"], "Zebra notes");
     assert_eq!(one["tags"], json!(["animals"]));
     assert_eq!(one["collection"], "zoo");
-    assert!(one["chunks"].as_u64().unwrap() >= 1);
+    let chunks = one["chunks"].as_u64().unwrap();
+    assert!(chunks >= 1);
+
+    // the same bytes again: unchanged; under another name and collection: stored once,
+    // the new source is added to the document
+    let again = |name: &str, meta: &str| {
+        let form = reqwest::multipart::Form::new()
+            .part("file", part(name, ZEBRAS))
+            .text("metadata", meta.to_string());
+        c.post(format!("{}/v1/documents", app.address))
+            .multipart(form)
+            .send()
+    };
+    for (name, meta, status) in [
+        ("zebras.md", ZEBRA_META, "unchanged"),
+        ("stripes.md", r#"{"collection": "savanna"}"#, "deduplicated"),
+    ] {
+        let body: Value = again(name, meta).await.unwrap().json().await.unwrap();
+        assert_eq!(body["documents"][0]["id"], doc_id.as_str(), "{body}");
+        let job_id = body["job_id"].as_str().unwrap();
+        let job = wait_for_job(&c, &app.address, job_id).await;
+        assert_eq!(job["status"], "done", "{job}");
+        assert_eq!(job["documents"][0]["status"], status, "{job}");
+        assert_eq!(job["chunks_done"], 0, "nothing embedded again: {job}");
+    }
+    let one: Value = c
+        .get(format!("{}/v1/documents/{doc_id}", app.address))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(one["chunks"], chunks, "no duplicate chunks: {one}");
+    assert_eq!(
+        one["sources"],
+        json!(["zoo/zebras.md", "savanna/stripes.md"])
+    );
 
     // retrieval filters apply: the collection holds the zebra notes, another one nothing
     let ask = |filter: Value| {

@@ -123,36 +123,58 @@ fn chunks_never_exceed_the_embedding_limit() {
 }
 
 #[test]
-fn same_content_at_two_sources_and_changed_settings() {
+fn same_content_at_two_sources_is_stored_once_and_changed_settings_rewrite_it() {
     let dir = tempfile::tempdir().unwrap();
     let (x, y) = (dir.path().join("x.md"), dir.path().join("y.md"));
     std::fs::write(&x, "# Shared\n\nThe same licence text.\n").unwrap();
     std::fs::write(&y, "# Shared\n\nThe same licence text.\n").unwrap();
     let missing = dir.path().join("missing.md");
+    let licence = |index: &docent::retrieve::Index| {
+        index
+            .retrieve("the same licence text", 5, &Default::default())
+            .unwrap()
+            .hits
+    };
 
     let mut c = config(&dir.path().join("index"));
     {
         let index = startup::open_index(&c).unwrap();
         let ingestor = startup::ingestor(&c, &index).unwrap();
-        // a missing path is reported; the other files are still ingested
+        // a missing path is reported; the other files are still ingested, in input order
         let r = ingestor
             .ingest_paths(&[x.clone(), y.clone(), missing.clone()], &Silent)
             .unwrap();
-        assert_eq!(r.ingested.len(), 2, "{r:?}");
+        assert_eq!(r.ingested.len(), 1, "{r:?}");
+        assert!(r.ingested[0].0.ends_with("x.md"), "{r:?}");
+        assert_eq!(r.deduplicated.len(), 1, "{r:?}");
+        assert!(r.deduplicated[0].0.ends_with("y.md"), "{r:?}");
         assert_eq!(r.failed.len(), 1);
         assert!(r.failed[0].1.contains("missing.md"), "{:?}", r.failed);
-        assert_eq!(index.store.len().unwrap(), 2);
+        // one copy of the content, held by both paths
+        assert_eq!(index.store.len().unwrap(), 1);
+        let hits = licence(&index);
+        assert_eq!(hits.len(), 1, "search returns the content once");
+        assert!(hits[0].payload.source.ends_with("x.md"));
+        assert_eq!(hits[0].payload.sources.len(), 2);
+        // again: both unchanged
+        let r = ingestor
+            .ingest_paths(&[x.clone(), y.clone()], &Silent)
+            .unwrap();
+        assert_eq!(r.unchanged.len(), 2, "{r:?}");
 
-        // editing x leaves y's copy of the old content alone
+        // editing x leaves y's copy of the old content alone, now cited from y
         std::fs::write(&x, "# Changed\n\nNew text.\n").unwrap();
         ingestor
             .ingest_paths(std::slice::from_ref(&x), &Silent)
             .unwrap();
-        let hits = index
-            .retrieve("the same licence text", 2, &Default::default())
-            .unwrap()
-            .hits;
-        assert!(hits.iter().any(|h| h.payload.source.ends_with("y.md")));
+        let hits = licence(&index);
+        let shared: Vec<_> = hits
+            .iter()
+            .filter(|h| h.payload.text.contains("licence"))
+            .collect();
+        assert_eq!(shared.len(), 1);
+        assert!(shared[0].payload.source.ends_with("y.md"));
+        assert_eq!(shared[0].payload.sources.len(), 1);
         assert_eq!(index.store.len().unwrap(), 2);
     }
     // other chunking settings: nothing is "unchanged", every file is made again
