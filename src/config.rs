@@ -33,6 +33,7 @@ pub struct Config {
     pub server: ServerConfig,
     pub embedding: EmbeddingConfig,
     pub chunking: ChunkingConfig,
+    pub ingest: IngestConfig,
     pub retrieval: RetrievalConfig,
     pub generation: GenerationConfig,
     pub prompts: PromptsConfig,
@@ -71,6 +72,33 @@ pub struct ChunkingConfig {
     pub max_tokens: usize,
     /// Tokens shared by neighbouring chunks.
     pub overlap: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IngestConfig {
+    /// Threads that load and split documents ahead of the embedder; 0 = one per CPU core.
+    pub workers: usize,
+    /// Documents loaded and split ahead of the embedder (bounds memory).
+    pub queue_depth: usize,
+    /// Make the index durable after this many chunks of a long document.
+    pub flush_every: usize,
+}
+
+impl IngestConfig {
+    pub fn pipeline(&self) -> docent_ingest::pipeline::PipelineConfig {
+        let auto = docent_ingest::pipeline::PipelineConfig::default();
+        docent_ingest::pipeline::PipelineConfig {
+            workers: if self.workers == 0 {
+                auto.workers
+            } else {
+                self.workers
+            },
+            queue_depth: self.queue_depth,
+            flush_every: self.flush_every,
+            ..auto
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -131,6 +159,11 @@ impl Default for Config {
             chunking: ChunkingConfig {
                 max_tokens: 200,
                 overlap: 24,
+            },
+            ingest: IngestConfig {
+                workers: 0,
+                queue_depth: 2,
+                flush_every: 4096,
             },
             retrieval: RetrievalConfig {
                 top_k: 3,
@@ -200,6 +233,12 @@ impl Config {
                     "must be smaller than chunking.max_tokens ({}), got {}",
                     self.chunking.max_tokens, self.chunking.overlap
                 ),
+            );
+        }
+        if self.ingest.queue_depth == 0 || self.ingest.flush_every == 0 {
+            return invalid(
+                "ingest.queue_depth",
+                "ingest.queue_depth and ingest.flush_every must be at least 1".into(),
             );
         }
         if self.retrieval.top_k == 0 || self.retrieval.top_k > self.retrieval.max_top_k {

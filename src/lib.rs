@@ -6,6 +6,7 @@
 //! configuration; [`startup`] wires everything together.
 
 pub mod api;
+pub mod bench;
 pub mod config;
 pub mod documents;
 pub mod generate;

@@ -1,4 +1,4 @@
-//! The `docent` command: `serve`, `ingest`, `ask`.
+//! The `docent` command: `serve`, `ingest`, `ask`, `bench`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -50,6 +50,32 @@ enum Command {
         /// Number of chunks to retrieve.
         #[arg(long)]
         top_k: Option<usize>,
+    },
+    /// Measure throughput against a limit and a peer (prints a table).
+    #[command(subcommand)]
+    Bench(Bench),
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Ingest a corpus end to end into a temporary index; beside it, the same chunks
+    /// through a bare ONNX Runtime session and a Python peer.
+    Ingest {
+        /// Directory of documents (default: the demo corpus, ../shared/data/corpus/rust-book).
+        #[arg(default_value = "../shared/data/corpus/rust-book")]
+        corpus: PathBuf,
+        /// Embedding model directory (overrides embedding.model_dir), e.g. the int8 model.
+        #[arg(long)]
+        model_dir: Option<PathBuf>,
+        /// Python of the peer's environment (made by scripts/bench-peer-venv.sh).
+        #[arg(long, default_value = "models/.venv-peer/bin/python")]
+        peer_python: PathBuf,
+        /// Skip the Python peer.
+        #[arg(long)]
+        no_peer: bool,
+        /// Print one JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -131,6 +157,38 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::from(2)
             })
+        }
+        Command::Bench(Bench::Ingest {
+            corpus,
+            model_dir,
+            peer_python,
+            no_peer,
+            json,
+        }) => {
+            if let Some(d) = model_dir {
+                config.embedding.model_dir = d;
+            }
+            let peer = (!no_peer).then(|| docent::bench::Peer {
+                python: peer_python,
+                script: "scripts/bench_ingest_peer.py".into(),
+            });
+            if let Some(p) = &peer {
+                anyhow::ensure!(
+                    p.python.is_file(),
+                    "{} not found: run scripts/bench-peer-venv.sh (or `make bench`), or pass --no-peer",
+                    p.python.display()
+                );
+            }
+            let result = tokio::task::spawn_blocking(move || {
+                docent::bench::ingest(&config, &corpus, peer.as_ref())
+            })
+            .await??;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&result)?);
+            } else {
+                print!("{result}");
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::Ask {
             question,

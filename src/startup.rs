@@ -44,10 +44,11 @@ pub fn ingestor(config: &Config, index: &Index) -> anyhow::Result<Ingestor> {
         config.chunking.overlap,
         config.embedding.max_length,
     )?;
-    Ok(Ingestor::new(
+    Ok(Ingestor::with_config(
         splitter,
         index.embedder.clone(),
         index.store.clone(),
+        config.ingest.pipeline(),
     ))
 }
 

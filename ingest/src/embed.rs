@@ -58,10 +58,12 @@ pub struct Embedder {
     config: EmbedderConfig,
 }
 
-static ORT: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+static ORT: OnceLock<std::result::Result<(PathBuf, ort::environment::Environment), String>> =
+    OnceLock::new();
 
-/// Loads ONNX Runtime from `path` once per process. Later calls must name the same file.
-pub fn init_onnx_runtime(path: &Path) -> Result<()> {
+/// Loads ONNX Runtime from `path` once per process and creates its environment. Later
+/// calls must name the same file.
+pub fn init_onnx_runtime(path: &Path) -> Result<ort::environment::Environment> {
     if !path.is_file() {
         return Err(Error::OrtLibraryMissing {
             path: path.to_path_buf(),
@@ -69,12 +71,13 @@ pub fn init_onnx_runtime(path: &Path) -> Result<()> {
     }
     let loaded = ORT.get_or_init(|| {
         ort::init_from(path)
-            .map(|_builder| path.to_path_buf())
             .map_err(|e| e.to_string())
+            .and_then(|builder| builder.build().map_err(|e| e.to_string()))
+            .map(|env| (path.to_path_buf(), env))
     });
     match loaded {
-        Ok(p) if p == path => Ok(()),
-        Ok(p) => Err(Error::OrtLoad {
+        Ok((p, env)) if p == path => Ok(env.clone()),
+        Ok((p, _)) => Err(Error::OrtLoad {
             path: path.to_path_buf(),
             message: format!(
                 "ONNX Runtime is already loaded from {} in this process",
@@ -87,6 +90,11 @@ pub fn init_onnx_runtime(path: &Path) -> Result<()> {
         }),
     }
 }
+
+/// ONNX Runtime session settings shared by the embedder and the raw-session benchmark:
+/// worker threads sleep instead of spinning when a run ends, so the other pipeline stages
+/// get the CPU between batches.
+pub const SESSION_CONFIG: &[(&str, &str)] = &[("session.intra_op.allow_spinning", "0")];
 
 fn read_model_file(dir: &Path, name: &str) -> Result<Vec<u8>> {
     let path = dir.join(name);
@@ -106,7 +114,7 @@ impl Embedder {
             .iter()
             .map(|f| read_model_file(&config.model_dir, f))
             .collect::<Result<_>>()?;
-        init_onnx_runtime(&config.ort_library)?;
+        let environment = init_onnx_runtime(&config.ort_library)?;
         let [onnx, tokenizer_file, config_file, special_tokens_map_file, tokenizer_config_file] =
             <[Vec<u8>; 5]>::try_from(files).map_err(|_| Error::Embed("model files".into()))?;
         let model_sha256 = {
@@ -132,9 +140,13 @@ impl Embedder {
             },
         )
         .with_pooling(Pooling::Mean);
-        let options = InitOptionsUserDefined::new()
-            .with_max_length(config.max_length)
-            .with_intra_threads(config.threads.max(1));
+        let options = SESSION_CONFIG.iter().fold(
+            InitOptionsUserDefined::new()
+                .with_environment(environment)
+                .with_max_length(config.max_length)
+                .with_intra_threads(config.threads.max(1)),
+            |o, (k, v)| o.with_session_config(*k, *v),
+        );
         let mut model = TextEmbedding::try_new_from_user_defined(model, options)
             .map_err(|e| Error::Embed(e.to_string()))?;
         let dim = model

@@ -13,6 +13,7 @@
 //! and the HTTP service both call it. The query path reuses [`embed::Embedder`] and
 //! [`store::Store`] and never re-implements them.
 
+pub mod bench;
 pub mod embed;
 pub mod error;
 pub mod load;

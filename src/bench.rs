@@ -1,0 +1,221 @@
+//! `docent bench ingest`: end-to-end ingest throughput over a corpus, side by side in the
+//! same run with (a) a bare ONNX Runtime session over the same pre-tokenized batches (the
+//! limit) and (b) a Python peer doing the same job with the same ONNX file and threads.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Context;
+use docent_ingest::bench::{tokenize, RawSession};
+use docent_ingest::load;
+use docent_ingest::pipeline::Silent;
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::startup;
+
+/// One row of the table.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub name: String,
+    pub chunks: usize,
+    pub seconds: f64,
+    pub chunks_per_s: f64,
+    /// Input bytes per second (absent for the raw session, which reads no files).
+    pub mb_per_s: Option<f64>,
+}
+
+impl Row {
+    fn new(name: &str, chunks: usize, seconds: f64, bytes: Option<u64>) -> Self {
+        Row {
+            name: name.into(),
+            chunks,
+            seconds,
+            chunks_per_s: chunks as f64 / seconds.max(1e-9),
+            mb_per_s: bytes.map(|b| b as f64 / 1e6 / seconds.max(1e-9)),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct IngestBench {
+    pub corpus: PathBuf,
+    pub model_dir: PathBuf,
+    pub files: usize,
+    pub bytes: u64,
+    pub threads: usize,
+    pub batch_size: usize,
+    pub padded_tokens: usize,
+    pub rows: Vec<Row>,
+}
+
+/// Where the Python peer runs, if wanted.
+pub struct Peer {
+    pub python: PathBuf,
+    pub script: PathBuf,
+}
+
+/// Runs the three measurements. The index is built in a temporary directory that is
+/// removed afterwards.
+pub fn ingest(config: &Config, corpus: &Path, peer: Option<&Peer>) -> anyhow::Result<IngestBench> {
+    let found = load::discover(&[corpus.to_path_buf()])?;
+    let bytes: u64 = found
+        .files
+        .iter()
+        .map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0))
+        .sum();
+    let tmp = std::env::temp_dir().join(format!("docent-bench-{}", std::process::id()));
+    let _cleanup = RemoveOnDrop(tmp.clone());
+    let mut config = config.clone();
+    config.data_dir = tmp.clone();
+    let e = &config.embedding;
+    let mut rows = Vec::new();
+
+    // 1. docent, end to end: load, split, embed (dense + BM25), store, flush
+    let index = startup::open_index(&config)?;
+    let ingestor = startup::ingestor(&config, &index)?;
+    let start = Instant::now();
+    let report = ingestor.ingest_paths(&[corpus.to_path_buf()], &Silent)?;
+    let seconds = start.elapsed().as_secs_f64();
+    if let Some((path, err)) = report.failed.first() {
+        anyhow::bail!("{} failed: {err}", path.display());
+    }
+    rows.push(Row::new(
+        "docent ingest (end to end)",
+        report.chunks_written(),
+        seconds,
+        Some(bytes),
+    ));
+
+    // 2. the limit: the same chunks, tokenized beforehand, through a bare session
+    let splitter = docent_ingest::split::Splitter::new(
+        index.embedder.sizing_tokenizer(),
+        config.chunking.max_tokens,
+        config.chunking.overlap,
+        e.max_length,
+    )?;
+    let mut texts = Vec::new();
+    for f in &found.files {
+        let doc = load::load_file(f)?;
+        texts.extend(splitter.split(&doc).into_iter().map(|c| c.text));
+    }
+    drop(ingestor);
+    drop(index);
+    let batches = tokenize(&e.model_dir, &texts, e.batch_size, e.max_length)?;
+    let mut raw = RawSession::load(&e.model_dir, &e.ort_library, e.threads)?;
+    raw.run(&batches[..batches.len().min(4)])?; // warm-up, as the embedder's probe is
+    let spent = raw.run(&batches)?;
+    rows.push(Row::new(
+        "raw ONNX Runtime session (limit)",
+        texts.len(),
+        spent.as_secs_f64(),
+        None,
+    ));
+
+    // 3. the Python peer
+    if let Some(p) = peer {
+        let out = std::process::Command::new(&p.python)
+            .arg(&p.script)
+            .arg("--corpus")
+            .arg(corpus)
+            .arg("--model-dir")
+            .arg(&e.model_dir)
+            .args(["--threads", &e.threads.to_string()])
+            .args(["--batch-size", &e.batch_size.to_string()])
+            .args(["--max-tokens", &config.chunking.max_tokens.to_string()])
+            .args(["--overlap", &config.chunking.overlap.to_string()])
+            .arg("--json")
+            .output()
+            .with_context(|| format!("running the Python peer {}", p.python.display()))?;
+        if !out.status.success() {
+            anyhow::bail!(
+                "the Python peer failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let line = stdout
+            .lines()
+            .rev()
+            .find(|l| l.trim_start().starts_with('{'))
+            .context("the Python peer printed no JSON line")?;
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        let chunks = v["chunks"].as_u64().unwrap_or(0) as usize;
+        let seconds = v["seconds"].as_f64().unwrap_or(f64::NAN);
+        rows.push(Row::new(
+            "Python peer (onnxruntime + tokenizers + semantic-text-splitter + qdrant-client)",
+            chunks,
+            seconds,
+            Some(v["bytes"].as_u64().unwrap_or(bytes)),
+        ));
+    }
+
+    Ok(IngestBench {
+        corpus: corpus.to_path_buf(),
+        model_dir: e.model_dir.clone(),
+        files: found.files.len(),
+        bytes,
+        threads: e.threads,
+        batch_size: e.batch_size,
+        padded_tokens: batches.iter().map(|b| b.padded_tokens()).sum(),
+        rows,
+    })
+}
+
+impl std::fmt::Display for IngestBench {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "ingest benchmark: {} ({} files, {:.2} MB), model {}, {} threads, batches of {}",
+            self.corpus.display(),
+            self.files,
+            self.bytes as f64 / 1e6,
+            self.model_dir.display(),
+            self.threads,
+            self.batch_size
+        )?;
+        writeln!(
+            f,
+            "{:<44} {:>7} {:>9} {:>9} {:>8} {:>10}",
+            "", "chunks", "seconds", "chunks/s", "MB/s", "vs docent"
+        )?;
+        let docent = self.rows.first().map_or(f64::NAN, |r| r.chunks_per_s);
+        for r in &self.rows {
+            let mut name = r.name.clone();
+            name.truncate(44);
+            writeln!(
+                f,
+                "{:<44} {:>7} {:>9.2} {:>9.1} {:>8} {:>9.2}x",
+                name,
+                r.chunks,
+                r.seconds,
+                r.chunks_per_s,
+                r.mb_per_s.map_or("-".into(), |m| format!("{m:.3}")),
+                r.chunks_per_s / docent
+            )?;
+        }
+        if let [d, raw, rest @ ..] = self.rows.as_slice() {
+            write!(
+                f,
+                "docent reaches {:.0} % of the raw session (goal >= 90 %)",
+                100.0 * d.chunks_per_s / raw.chunks_per_s
+            )?;
+            if let Some(py) = rest.first() {
+                write!(
+                    f,
+                    "; {:.2}x the Python peer (goal >= 1.5x)",
+                    d.chunks_per_s / py.chunks_per_s
+                )?;
+            }
+            writeln!(f)?;
+        }
+        Ok(())
+    }
+}
+
+struct RemoveOnDrop(PathBuf);
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
