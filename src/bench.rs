@@ -213,7 +213,8 @@ impl std::fmt::Display for IngestBench {
     }
 }
 
-struct RemoveOnDrop(PathBuf);
+/// Removes a temporary directory when dropped.
+pub(crate) struct RemoveOnDrop(pub(crate) PathBuf);
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);

@@ -9,6 +9,7 @@ use docent::config::Config;
 use docent::query::{QueryRequest, RetrievalOptions};
 use docent::{startup, telemetry};
 use docent_ingest::pipeline::{Outcome, Progress};
+use docent_ingest::store::SearchMode;
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
@@ -50,6 +51,25 @@ enum Command {
         /// Number of chunks to retrieve.
         #[arg(long)]
         top_k: Option<usize>,
+    },
+    /// Retrieval quality on a BEIR-layout set (corpus.jsonl, queries.jsonl, qrels/test.tsv),
+    /// ingested into a temporary index: Recall@1/5/10, MRR@10, nDCG@10, latency per mode.
+    Eval {
+        /// Dataset directory, e.g. ../shared/data/eval/xquad-en.
+        #[arg(long)]
+        dataset: PathBuf,
+        /// Comma-separated modes to evaluate.
+        #[arg(long, default_value = "dense,sparse,hybrid", value_delimiter = ',')]
+        modes: Vec<String>,
+        /// Evaluate only the first N queries (that have relevant documents).
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Embedding model directory (overrides embedding.model_dir), e.g. the int8 model.
+        #[arg(long)]
+        model_dir: Option<PathBuf>,
+        /// Print one JSON object keyed by mode instead of the table.
+        #[arg(long)]
+        json: bool,
     },
     /// Measure throughput against a limit and a peer (prints a table).
     #[command(subcommand)]
@@ -157,6 +177,39 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::from(2)
             })
+        }
+        Command::Eval {
+            dataset,
+            modes,
+            limit,
+            model_dir,
+            json,
+        } => {
+            if let Some(d) = model_dir {
+                config.embedding.model_dir = d;
+            }
+            let modes = modes
+                .iter()
+                .map(|m| {
+                    SearchMode::ALL
+                        .into_iter()
+                        .find(|x| x.name() == m.trim())
+                        .ok_or_else(|| {
+                            anyhow::anyhow!("unknown mode {m:?}: use dense, sparse or hybrid")
+                        })
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let data = docent::eval::Dataset::load(&dataset)?;
+            let report = tokio::task::spawn_blocking(move || {
+                docent::eval::run(&config, &data, &modes, limit)
+            })
+            .await??;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{report}");
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::Bench(Bench::Ingest {
             corpus,

@@ -13,10 +13,10 @@ use std::path::{Path, PathBuf};
 use qdrant_edge::{
     Condition, CountRequest, CreateIndex, Distance, EdgeConfig, EdgeShard, EdgeSparseVectorParams,
     EdgeVectorParams, FacetRequest, FacetValue, FieldCondition, FieldIndexOperations, Filter,
-    JsonPath, Match, Modifier, NamedQuery, Payload, PayloadFieldSchema, PayloadOps,
-    PayloadSchemaType, PointId, PointInsertOperations, PointOperations, PointStruct, QueryEnum,
-    QueryRequest, ScoringQuery, ScrollRequest, SetPayloadOp, UpdateOperation, ValueVariants,
-    Vector, VectorInternal, Vectors, WithPayloadInterface, WithVector,
+    Fusion, JsonPath, Match, Modifier, NamedQuery, Payload, PayloadFieldSchema, PayloadOps,
+    PayloadSchemaType, PointId, PointInsertOperations, PointOperations, PointStruct, Prefetch,
+    QueryEnum, QueryRequest, ScoringQuery, ScrollRequest, SetPayloadOp, UpdateOperation,
+    ValueVariants, Vector, VectorInternal, Vectors, WithPayloadInterface, WithVector,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -125,6 +125,37 @@ impl Derived {
         }
     }
 }
+
+/// How chunks are ranked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SearchMode {
+    /// Embedding similarity (cosine).
+    Dense,
+    /// BM25 over the chunk text.
+    Sparse,
+    /// Both, fused with reciprocal rank fusion.
+    #[default]
+    Hybrid,
+}
+
+impl SearchMode {
+    pub const ALL: [SearchMode; 3] = [SearchMode::Dense, SearchMode::Sparse, SearchMode::Hybrid];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SearchMode::Dense => "dense",
+            SearchMode::Sparse => "sparse",
+            SearchMode::Hybrid => "hybrid",
+        }
+    }
+}
+
+/// Reciprocal rank fusion constant (score = sum of 1 / (k + rank)); set explicitly because
+/// Qdrant's server default is 2, not the usual 60.
+pub const RRF_K: usize = 60;
+/// Hybrid search fuses the top `limit × HYBRID_CANDIDATES` of each ranking.
+pub const HYBRID_CANDIDATES: usize = 4;
 
 /// A search result.
 #[derive(Debug, Clone)]
@@ -726,6 +757,24 @@ impl Store {
         limit: usize,
         only: &SearchFilter,
     ) -> Result<Vec<Hit>> {
+        let q = Embedding {
+            dense: query.to_vec(),
+            sparse: Default::default(),
+        };
+        self.search(&q, SearchMode::Dense, limit, only)
+    }
+
+    /// The best `limit` chunks for a query among published versions that pass `only`
+    /// (applied inside the search): by dense similarity, by BM25 (IDF from the index), or
+    /// both fused with reciprocal rank fusion (k = [`RRF_K`]) over the
+    /// [`HYBRID_CANDIDATES`]× deeper result lists of each.
+    pub fn search(
+        &self,
+        query: &Embedding,
+        mode: SearchMode,
+        limit: usize,
+        only: &SearchFilter,
+    ) -> Result<Vec<Hit>> {
         let hidden = self.hidden.read();
         let mut must = Vec::new();
         if let Some(c) = &only.collection {
@@ -748,12 +797,36 @@ impl Store {
             must_not: (!must_not.is_empty()).then_some(must_not),
             ..Default::default()
         });
-        let request = QueryRequest {
+        let nearest = |using: &str, v: VectorInternal| {
+            ScoringQuery::Vector(QueryEnum::Nearest(NamedQuery {
+                query: v,
+                using: Some(using.into()),
+            }))
+        };
+        let dense = || nearest(DENSE, VectorInternal::from(query.dense.clone()));
+        let sparse = || nearest(SPARSE, VectorInternal::from(query.sparse.clone()));
+        let prefetch = |q: ScoringQuery| Prefetch {
             prefetches: vec![],
-            query: Some(ScoringQuery::Vector(QueryEnum::Nearest(NamedQuery {
-                query: VectorInternal::from(query.to_vec()),
-                using: Some(DENSE.into()),
-            }))),
+            query: Some(q),
+            limit: limit.max(1) * HYBRID_CANDIDATES,
+            params: None,
+            filter: None,
+            score_threshold: None,
+        };
+        let (prefetches, scoring) = match mode {
+            SearchMode::Dense => (vec![], dense()),
+            SearchMode::Sparse => (vec![], sparse()),
+            SearchMode::Hybrid => (
+                vec![prefetch(dense()), prefetch(sparse())],
+                ScoringQuery::Fusion(Fusion::Rrf {
+                    k: RRF_K,
+                    weights: None,
+                }),
+            ),
+        };
+        let request = QueryRequest {
+            prefetches,
+            query: Some(scoring),
             filter,
             score_threshold: None,
             limit,

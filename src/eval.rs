@@ -1,0 +1,373 @@
+//! `docent eval --dataset DIR`: retrieval quality on a BEIR-layout set (`corpus.jsonl`,
+//! `queries.jsonl`, `qrels/test.tsv`, optional `answers.jsonl`). The corpus is ingested
+//! into a temporary index through the normal pipeline; each query is embedded once and
+//! searched in every mode.
+//!
+//! Metrics per mode (over queries that have relevant documents): Recall@1/5/10 (BEIR:
+//! share of a query's relevant documents in the top k, averaged), MRR@10, nDCG@10 (binary
+//! gains), and latency p50/p99 = the query's embedding time + that mode's search time.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Context;
+use docent_ingest::load::{Document, Format};
+use docent_ingest::pipeline::{Input, Silent};
+use docent_ingest::store::{SearchFilter, SearchMode};
+use serde::{Deserialize, Serialize};
+
+use crate::config::Config;
+use crate::startup;
+
+/// Documents ranked per query (chunks beyond this are not looked at).
+pub const DEPTH: usize = 10;
+
+#[derive(Deserialize)]
+struct CorpusLine {
+    #[serde(rename = "_id")]
+    id: String,
+    #[serde(default)]
+    title: String,
+    text: String,
+}
+
+#[derive(Deserialize)]
+struct QueryLine {
+    #[serde(rename = "_id")]
+    id: String,
+    text: String,
+}
+
+/// A BEIR-layout evaluation set.
+pub struct Dataset {
+    pub name: String,
+    corpus: Vec<CorpusLine>,
+    queries: Vec<QueryLine>,
+    /// Query id → relevant corpus ids.
+    qrels: HashMap<String, HashSet<String>>,
+}
+
+fn jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> anyhow::Result<Vec<T>> {
+    let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    std::io::BufReader::new(f)
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.as_ref().map_or(true, |l| !l.trim().is_empty()))
+        .map(|(n, l)| {
+            let l = l?;
+            serde_json::from_str(&l)
+                .with_context(|| format!("{} line {}: not a valid record", path.display(), n + 1))
+        })
+        .collect()
+}
+
+impl Dataset {
+    pub fn load(dir: &Path) -> anyhow::Result<Self> {
+        let corpus = jsonl(&dir.join("corpus.jsonl"))?;
+        let queries = jsonl(&dir.join("queries.jsonl"))?;
+        let qrels_file = dir.join("qrels").join("test.tsv");
+        let text = std::fs::read_to_string(&qrels_file)
+            .with_context(|| format!("cannot read {}", qrels_file.display()))?;
+        let mut qrels: HashMap<String, HashSet<String>> = HashMap::new();
+        for (n, line) in text.lines().enumerate() {
+            let cols: Vec<&str> = line.split('\t').collect();
+            if n == 0 && cols.first() == Some(&"query-id") {
+                continue;
+            }
+            match cols.as_slice() {
+                [q, c, score, ..] if score.trim().parse::<f64>().is_ok_and(|s| s > 0.0) => {
+                    qrels
+                        .entry(q.to_string())
+                        .or_default()
+                        .insert(c.to_string());
+                }
+                [_, _, _, ..] => {}
+                _ => anyhow::bail!(
+                    "{} line {}: expected query-id, corpus-id, score",
+                    qrels_file.display(),
+                    n + 1
+                ),
+            }
+        }
+        Ok(Dataset {
+            name: dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            corpus,
+            queries,
+            qrels,
+        })
+    }
+}
+
+/// Figures of one mode.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModeReport {
+    #[serde(rename = "recall@1")]
+    pub recall_1: f64,
+    #[serde(rename = "recall@5")]
+    pub recall_5: f64,
+    #[serde(rename = "recall@10")]
+    pub recall_10: f64,
+    #[serde(rename = "mrr@10")]
+    pub mrr_10: f64,
+    #[serde(rename = "ndcg@10")]
+    pub ndcg_10: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub queries: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EvalReport {
+    pub dataset: String,
+    pub model_dir: PathBuf,
+    pub documents: usize,
+    pub chunks: usize,
+    pub ingest_seconds: f64,
+    #[serde(flatten)]
+    pub modes: BTreeMap<String, ModeReport>,
+}
+
+#[derive(Default)]
+struct Acc {
+    r1: f64,
+    r5: f64,
+    r10: f64,
+    mrr: f64,
+    ndcg: f64,
+    latencies: Vec<f64>,
+}
+
+impl Acc {
+    fn add(&mut self, ranked: &[String], relevant: &HashSet<String>, ms: f64) {
+        let n = relevant.len().max(1) as f64;
+        let found = |k: usize| {
+            ranked
+                .iter()
+                .take(k)
+                .filter(|d| relevant.contains(*d))
+                .count() as f64
+        };
+        self.r1 += found(1) / n;
+        self.r5 += found(5) / n;
+        self.r10 += found(10) / n;
+        if let Some(rank) = ranked.iter().take(10).position(|d| relevant.contains(d)) {
+            self.mrr += 1.0 / (rank + 1) as f64;
+        }
+        let dcg: f64 = ranked
+            .iter()
+            .take(10)
+            .enumerate()
+            .filter(|(_, d)| relevant.contains(*d))
+            .map(|(i, _)| 1.0 / ((i + 2) as f64).log2())
+            .sum();
+        let ideal: f64 = (0..relevant.len().min(10))
+            .map(|i| 1.0 / ((i + 2) as f64).log2())
+            .sum();
+        self.ndcg += if ideal > 0.0 { dcg / ideal } else { 0.0 };
+        self.latencies.push(ms);
+    }
+
+    fn report(mut self) -> ModeReport {
+        let q = self.latencies.len().max(1) as f64;
+        self.latencies.sort_by(f64::total_cmp);
+        let pct = |p: f64| {
+            if self.latencies.is_empty() {
+                return 0.0;
+            }
+            let i =
+                ((p * self.latencies.len() as f64).ceil() as usize).clamp(1, self.latencies.len());
+            self.latencies[i - 1]
+        };
+        ModeReport {
+            recall_1: self.r1 / q,
+            recall_5: self.r5 / q,
+            recall_10: self.r10 / q,
+            mrr_10: self.mrr / q,
+            ndcg_10: self.ndcg / q,
+            p50_ms: pct(0.50),
+            p99_ms: pct(0.99),
+            queries: self.latencies.len(),
+        }
+    }
+}
+
+/// Ingests the corpus into a temporary index and evaluates `modes` on up to `limit` queries
+/// (those with relevant documents, in file order).
+pub fn run(
+    config: &Config,
+    data: &Dataset,
+    modes: &[SearchMode],
+    limit: Option<usize>,
+) -> anyhow::Result<EvalReport> {
+    let tmp = std::env::temp_dir().join(format!("docent-eval-{}", std::process::id()));
+    let _cleanup = crate::bench::RemoveOnDrop(tmp.clone());
+    let mut config = config.clone();
+    config.data_dir = tmp;
+    let index = startup::open_index(&config)?;
+    let ingestor = startup::ingestor(&config, &index)?;
+
+    let inputs: Vec<Input> = data
+        .corpus
+        .iter()
+        .map(|c| {
+            let mut doc = Document::from_text(c.id.clone(), c.text.clone(), Format::Text);
+            if !c.title.is_empty() {
+                doc.title = c.title.clone();
+            }
+            Input::Document(doc)
+        })
+        .collect();
+    let started = Instant::now();
+    for r in ingestor.ingest(inputs, &Silent) {
+        r.context("ingesting the corpus")?;
+    }
+    let ingest_seconds = started.elapsed().as_secs_f64();
+    let chunks = index.store.len()?;
+
+    let queries: Vec<&QueryLine> = data
+        .queries
+        .iter()
+        .filter(|q| data.qrels.contains_key(&q.id))
+        .take(limit.unwrap_or(usize::MAX))
+        .collect();
+    let mut acc: Vec<Acc> = modes.iter().map(|_| Acc::default()).collect();
+    let none = SearchFilter::default();
+    for q in queries {
+        let t = Instant::now();
+        let embedded = index.embedder.embed_query(&q.text)?;
+        let embed_ms = t.elapsed().as_secs_f64() * 1e3;
+        let relevant = &data.qrels[&q.id];
+        for (mode, acc) in modes.iter().zip(acc.iter_mut()) {
+            let t = Instant::now();
+            // more chunks than documents: a long document may fill several places
+            let hits = index.store.search(&embedded, *mode, 2 * DEPTH, &none)?;
+            let ms = embed_ms + t.elapsed().as_secs_f64() * 1e3;
+            let mut ranked: Vec<String> = Vec::with_capacity(DEPTH);
+            for h in hits {
+                // identical paragraphs are stored once: any of their ids counts
+                let id = h
+                    .payload
+                    .sources
+                    .iter()
+                    .find(|s| relevant.contains(*s))
+                    .unwrap_or(&h.payload.source)
+                    .clone();
+                if !ranked.contains(&id) {
+                    ranked.push(id);
+                }
+            }
+            ranked.truncate(DEPTH);
+            acc.add(&ranked, relevant, ms);
+        }
+    }
+    Ok(EvalReport {
+        dataset: data.name.clone(),
+        model_dir: config.embedding.model_dir.clone(),
+        documents: data.corpus.len(),
+        chunks,
+        ingest_seconds,
+        modes: modes
+            .iter()
+            .zip(acc)
+            .map(|(m, a)| (m.name().to_string(), a.report()))
+            .collect(),
+    })
+}
+
+impl std::fmt::Display for EvalReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let q = self.modes.values().next().map_or(0, |m| m.queries);
+        writeln!(
+            f,
+            "{}: {} documents → {} chunks (ingested in {:.1} s), {} queries, model {}",
+            self.dataset,
+            self.documents,
+            self.chunks,
+            self.ingest_seconds,
+            q,
+            self.model_dir.display()
+        )?;
+        writeln!(
+            f,
+            "{:<8} {:>6} {:>6} {:>6} {:>7} {:>7} {:>8} {:>8}",
+            "mode", "R@1", "R@5", "R@10", "MRR@10", "nDCG@10", "p50 ms", "p99 ms"
+        )?;
+        for (name, m) in &self.modes {
+            writeln!(
+                f,
+                "{:<8} {:>6.3} {:>6.3} {:>6.3} {:>7.3} {:>7.3} {:>8.2} {:>8.2}",
+                name, m.recall_1, m.recall_5, m.recall_10, m.mrr_10, m.ndcg_10, m.p50_ms, m.p99_ms
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(ids: &[&str]) -> HashSet<String> {
+        ids.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn ranked(ids: &[&str]) -> Vec<String> {
+        ids.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn metrics_match_hand_computed_values() {
+        let mut a = Acc::default();
+        // relevant at rank 2 of 3
+        a.add(&ranked(&["x", "a", "y"]), &set(&["a"]), 2.0);
+        // relevant missing
+        a.add(&ranked(&["x", "y"]), &set(&["a"]), 4.0);
+        let r = a.report();
+        assert_eq!(r.recall_1, 0.0);
+        assert_eq!(r.recall_5, 0.5);
+        assert!((r.mrr_10 - 0.25).abs() < 1e-12);
+        // nDCG of a hit at rank 2 = 1/log2(3)
+        assert!((r.ndcg_10 - 0.5 / 3f64.log2()).abs() < 1e-12);
+        assert_eq!((r.p50_ms, r.p99_ms), (2.0, 4.0));
+
+        // two relevant documents, one found: BEIR recall counts the share
+        let mut b = Acc::default();
+        b.add(&ranked(&["a", "z"]), &set(&["a", "b"]), 1.0);
+        let r = b.report();
+        assert_eq!((r.recall_1, r.mrr_10), (0.5, 1.0));
+        let ideal = 1.0 + 1.0 / 3f64.log2();
+        assert!((r.ndcg_10 - 1.0 / ideal).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_dataset_reads_the_beir_layout_and_names_bad_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        std::fs::create_dir(p.join("qrels")).unwrap();
+        std::fs::write(
+            p.join("corpus.jsonl"),
+            "{\"_id\": \"d1\", \"title\": \"T\", \"text\": \"x\"}\n",
+        )
+        .unwrap();
+        std::fs::write(
+            p.join("queries.jsonl"),
+            "{\"_id\": \"q1\", \"text\": \"?\"}\n{\"_id\": \"q2\", \"text\": \"?\"}\n",
+        )
+        .unwrap();
+        std::fs::write(
+            p.join("qrels/test.tsv"),
+            "query-id\tcorpus-id\tscore\nq1\td1\t1\n",
+        )
+        .unwrap();
+        let d = Dataset::load(p).unwrap();
+        assert_eq!((d.corpus.len(), d.queries.len(), d.qrels.len()), (1, 2, 1));
+        std::fs::write(p.join("queries.jsonl"), "{\"_id\": \"q1\"}\n").unwrap();
+        let e = format!("{:#}", Dataset::load(p).err().unwrap());
+        assert!(e.contains("queries.jsonl line 1"), "{e}");
+    }
+}
