@@ -308,12 +308,16 @@ impl Ingestor {
 
     /// Worker stage: load, and split unless the content is already stored.
     fn prepare(&self, input: Input) -> Result<Prepared> {
-        let doc = match input {
+        let mut doc = match input {
             Input::File(path) => load::load_file(&path)?,
             Input::Document(doc) => doc,
         };
         let stored = self.store.stored_chunks(&doc.id, &self.fingerprint())?;
         let chunks = (stored == 0).then(|| self.splitter.split(&doc));
+        if chunks.is_some() {
+            // the chunks carry the text from here on: do not hold a big document twice
+            doc.text = String::new();
+        }
         Ok(Prepared { doc, chunks })
     }
 
