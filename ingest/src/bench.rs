@@ -26,6 +26,11 @@ impl Batch {
     pub fn padded_tokens(&self) -> usize {
         self.rows * self.len
     }
+
+    /// Tokens in the batch without padding.
+    pub fn real_tokens(&self) -> usize {
+        self.mask.iter().filter(|&&m| m != 0).count()
+    }
 }
 
 fn ort_err(e: impl std::fmt::Display) -> Error {

@@ -120,6 +120,15 @@ struct Prepared {
     chunks: Option<Vec<Chunk>>,
 }
 
+/// Orders a document's chunks by length before they are cut into embedding batches, so a
+/// batch holds texts of similar length: each batch is padded to its longest text, and in
+/// document order about 30 % of the tokens run through the model would be padding (the
+/// Rust Book: 434k tokens with padding for 334k real ones). Chunks keep their index, so
+/// the order they are written in does not matter.
+pub fn order_for_batching(chunks: &mut [Chunk]) {
+    chunks.sort_by_key(|c| c.text.len());
+}
+
 /// The bounded queue between the workers and the writer: prepared documents by input
 /// position. A worker waits while its document is `depth` or more ahead of the writer.
 struct Handoff {
@@ -421,6 +430,8 @@ impl Ingestor {
         on_batch: &dyn Fn(usize, usize),
     ) -> Result<()> {
         let n = chunks.len();
+        let mut chunks = chunks;
+        order_for_batching(&mut chunks);
         let batch_size = self.embedder.config().batch_size.max(1);
         let (tx, rx) = sync_channel::<Vec<(ChunkPayload, crate::embed::Embedding)>>(
             self.config.write_queue.max(1),

@@ -53,3 +53,38 @@ fn onnx_export_matches_numpy_reference() {
     eprintln!("cos(install, rustup) = {c_near:.4}, cos(install, oil crisis) = {c_far:.4}");
     assert!(c_near > c_far + 0.3, "near {c_near}, far {c_far}");
 }
+
+/// The int8 variant made by `make setup` runs through the same Rust path and stays close
+/// to fp32 (the setup step checks the same against ONNX Runtime's Python API).
+#[test]
+fn int8_model_agrees_with_fp32_through_fastembed() {
+    let load = |name: &str| {
+        Embedder::load(EmbedderConfig {
+            model_dir: models().join(name),
+            ort_library: models().join("onnxruntime/libonnxruntime.so"),
+            max_length: 256,
+            threads: 2,
+            batch_size: 4,
+        })
+        .expect("load embedder")
+    };
+    let (fp32, int8) = (load("all-MiniLM-L6-v2"), load("all-MiniLM-L6-v2-int8"));
+    assert_ne!(fp32.model_sha256(), int8.model_sha256());
+    let texts = [
+        "How do I install Rust?",
+        "Installing Rust with rustup",
+        "The 1973 oil crisis began in October",
+        "Ownership rules: each value has an owner, and there can be only one owner at a time.",
+        "fn main() { println!(\"Hello, world!\"); }",
+    ];
+    let (a, b) = (
+        fp32.embed_dense(&texts).unwrap(),
+        int8.embed_dense(&texts).unwrap(),
+    );
+    for (t, (x, y)) in texts.iter().zip(a.iter().zip(&b)) {
+        let c = cos(x, y);
+        assert!(c >= 0.97, "cos(fp32, int8) = {c} for {t:?}");
+    }
+    // and it still ranks: install ~ rustup, not ~ oil crisis
+    assert!(cos(&b[0], &b[1]) > cos(&b[0], &b[2]) + 0.3);
+}

@@ -186,3 +186,36 @@ fn same_content_at_two_sources_is_stored_once_and_changed_settings_rewrite_it() 
     assert_eq!(r.ingested.len(), 2, "{r:?}");
     assert_eq!(index.store.len().unwrap(), 2);
 }
+
+/// `docent bench ingest` measures the same chunks in both rows (without the Python peer,
+/// which has its own environment).
+#[test]
+fn ingest_benchmark_runs_docent_and_the_raw_session_over_the_same_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus");
+    std::fs::create_dir(&corpus).unwrap();
+    for i in 0..3 {
+        let body = format!(
+            "# Part {i}\n\n{}",
+            "Some words about borrowing. ".repeat(60 * (i + 1))
+        );
+        std::fs::write(corpus.join(format!("p{i}.md")), body).unwrap();
+    }
+    let c = config(&dir.path().join("unused"));
+    let b = docent::bench::ingest(&c, &corpus, None).unwrap();
+    assert_eq!(b.files, 3);
+    assert_eq!(b.rows.len(), 2);
+    assert!(b.rows[0].chunks > 3, "{:?}", b.rows);
+    assert_eq!(b.rows[0].chunks, b.rows[1].chunks, "{:?}", b.rows);
+    assert!(b.real_tokens <= b.padded_tokens);
+    assert!(b
+        .rows
+        .iter()
+        .all(|r| r.seconds > 0.0 && r.chunks_per_s > 0.0));
+    assert!(
+        !dir.path().join("unused").exists(),
+        "the benchmark uses its own temp index"
+    );
+    let table = b.to_string();
+    assert!(table.contains("% of the raw session"), "{table}");
+}
