@@ -47,6 +47,8 @@ pub struct IngestBench {
     pub batch_size: usize,
     pub padded_tokens: usize,
     pub real_tokens: usize,
+    /// Loading and splitting alone, one thread (part of docent's end-to-end work).
+    pub split_seconds: f64,
     pub rows: Vec<Row>,
 }
 
@@ -96,12 +98,14 @@ pub fn ingest(config: &Config, corpus: &Path, peer: Option<&Peer>) -> anyhow::Re
         e.max_length,
     )?;
     let mut texts = Vec::new();
+    let start = Instant::now();
     for f in &found.files {
         let doc = load::load_file(f)?;
         let mut chunks = splitter.split(&doc);
         docent_ingest::pipeline::order_for_batching(&mut chunks);
         texts.push(chunks.into_iter().map(|c| c.text).collect::<Vec<_>>());
     }
+    let split_seconds = start.elapsed().as_secs_f64();
     drop(ingestor);
     drop(index);
     // batched per document, in the order the pipeline embeds them
@@ -167,6 +171,7 @@ pub fn ingest(config: &Config, corpus: &Path, peer: Option<&Peer>) -> anyhow::Re
         batch_size: e.batch_size,
         padded_tokens: batches.iter().map(|b| b.padded_tokens()).sum(),
         real_tokens: batches.iter().map(|b| b.real_tokens()).sum(),
+        split_seconds,
         rows,
     })
 }
@@ -185,8 +190,8 @@ impl std::fmt::Display for IngestBench {
         )?;
         writeln!(
             f,
-            "tokens: {} ({} with padding to each batch's longest text)",
-            self.real_tokens, self.padded_tokens
+            "tokens: {} ({} with padding to each batch's longest text); loading and splitting alone: {:.2} s on one thread",
+            self.real_tokens, self.padded_tokens, self.split_seconds
         )?;
         writeln!(
             f,

@@ -208,9 +208,14 @@ impl Embedder {
             .zip(texts)
             .map(|(dense, t)| Embedding {
                 dense,
-                sparse: self.bm25.embed_document(t),
+                sparse: self.embed_sparse_document(t),
             })
             .collect())
+    }
+
+    /// The BM25 vector of a document (chunk) text; cheap, needs no model.
+    pub fn embed_sparse_document(&self, text: &str) -> SparseVector {
+        self.bm25.embed_document(text)
     }
 
     /// Dense and BM25 vectors for a query.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tracing::{debug, info_span, warn};
 
-use crate::embed::Embedder;
+use crate::embed::{Embedder, Embedding};
 use crate::load::{self, Document};
 use crate::split::{Chunk, Splitter};
 use crate::store::{ChunkPayload, Origin, Span, Store, Version};
@@ -433,14 +433,21 @@ impl Ingestor {
         let mut chunks = chunks;
         order_for_batching(&mut chunks);
         let batch_size = self.embedder.config().batch_size.max(1);
-        let (tx, rx) = sync_channel::<Vec<(ChunkPayload, crate::embed::Embedding)>>(
-            self.config.write_queue.max(1),
-        );
+        let (tx, rx) =
+            sync_channel::<Vec<(ChunkPayload, Vec<f32>)>>(self.config.write_queue.max(1));
         std::thread::scope(|scope| {
+            // BM25 vectors are made here, beside the model rather than in its way
             let writer = scope.spawn(move || -> Result<()> {
                 let mut unflushed = 0;
-                for points in rx {
-                    unflushed += points.len();
+                for batch in rx {
+                    unflushed += batch.len();
+                    let points = batch
+                        .into_iter()
+                        .map(|(p, dense)| {
+                            let sparse = self.embedder.embed_sparse_document(&p.text);
+                            (p, Embedding { dense, sparse })
+                        })
+                        .collect();
                     self.store.upsert(points)?;
                     if unflushed >= self.config.flush_every.max(1) {
                         self.store.flush();
@@ -456,7 +463,7 @@ impl Ingestor {
                     break Ok(());
                 }
                 let texts: Vec<&str> = batch.iter().map(|c| c.text.as_str()).collect();
-                let embeddings = match self.embedder.embed_documents(&texts) {
+                let embeddings = match self.embedder.embed_dense(&texts) {
                     Ok(e) => e,
                     Err(e) => break Err(e),
                 };

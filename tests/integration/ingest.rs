@@ -219,3 +219,61 @@ fn ingest_benchmark_runs_docent_and_the_raw_session_over_the_same_chunks() {
     let table = b.to_string();
     assert!(table.contains("% of the raw session"), "{table}");
 }
+
+/// The splitter counts tokens from one tokenization per section; tokenizing every
+/// candidate chunk (text-splitter's own way) must give exactly the same chunks.
+#[test]
+fn fast_token_counting_gives_the_same_chunks_as_tokenizing_each_candidate() {
+    use docent_ingest::load::{load_file, Document, Format};
+    use docent_ingest::split::{sizing_tokenizer, Splitter};
+    let tok = Arc::new(
+        sizing_tokenizer(&crate::helpers::models().join("all-MiniLM-L6-v2/tokenizer.json"))
+            .unwrap(),
+    );
+    let book = crate::helpers::shared().join("data/corpus/rust-book/src");
+    let mut docs: Vec<Document> = [
+        "ch04-01-what-is-ownership.md",
+        "ch08-02-strings.md",
+        "ch16-01-threads.md",
+        "appendix-02-operators.md",
+    ]
+    .iter()
+    .map(|f| load_file(&book.join(f)).unwrap())
+    .collect();
+    let rfc =
+        std::fs::read_to_string(crate::helpers::shared().join("data/corpus/rfcs/rfc6749.txt"))
+            .unwrap();
+    docs.push(Document::from_text(
+        "rfc",
+        rfc[..120_000].to_string(),
+        Format::Text,
+    ));
+    let odd = format!(
+        "{}\n\n{}\n\n{}\n\nnaïve café — “quotes” … e\u{301}\n\n```rust\n{}\n```\n",
+        "supercalifragilisticexpialidocious ".repeat(300),
+        "x".repeat(5000),
+        "東京は日本の首都です。".repeat(200),
+        "fn main() { println!(\"hi\"); }\n".repeat(100)
+    );
+    docs.push(Document::from_text("odd.md", odd.clone(), Format::Markdown));
+    docs.push(Document::from_text("odd.txt", odd, Format::Text));
+    for (max, overlap) in [(200, 24), (254, 0), (48, 8)] {
+        let fast = Splitter::new(tok.clone(), max, overlap, 256).unwrap();
+        let exact = Splitter::new(tok.clone(), max, overlap, 256)
+            .unwrap()
+            .with_exact_sizing();
+        for doc in &docs {
+            let (t0, a) = (std::time::Instant::now(), fast.split(doc));
+            let (t1, b) = (std::time::Instant::now(), exact.split(doc));
+            let t2 = std::time::Instant::now();
+            eprintln!(
+                "{} ({max}/{overlap}): {} chunks, fast {:?}, exact {:?}",
+                doc.source,
+                a.len(),
+                t1 - t0,
+                t2 - t1
+            );
+            assert_eq!(a, b, "{} with {max}/{overlap}", doc.source);
+        }
+    }
+}
