@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::generate::GenerateError;
-use crate::query::{QueryEngine, QueryError, QueryRequest};
+use crate::query::{QueryEngine, QueryError, QueryRequest, SearchRequest};
 
 #[derive(Debug, Serialize)]
 pub struct ApiError {
@@ -106,6 +106,14 @@ async fn query(
     Ok(HttpResponse::Ok().json(response))
 }
 
+async fn search(
+    engine: web::Data<QueryEngine>,
+    body: web::Json<SearchRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let response = engine.search(body.into_inner()).await?;
+    Ok(HttpResponse::Ok().json(response))
+}
+
 async fn healthz(engine: web::Data<QueryEngine>) -> Result<HttpResponse, ApiError> {
     let store = engine.index.store.clone();
     let chunks = web::block(move || store.len())
@@ -161,6 +169,11 @@ pub fn routes(cfg: &mut web::ServiceConfig, max_body_bytes: usize) {
     .service(
         web::resource("/v1/query")
             .route(web::post().to(query))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/search")
+            .route(web::post().to(search))
             .default_service(web::to(method_not_allowed)),
     )
     .service(

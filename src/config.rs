@@ -104,6 +104,8 @@ impl IngestConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetrievalConfig {
+    /// `dense`, `sparse` (BM25) or `hybrid` (both, fused with reciprocal rank fusion).
+    pub mode: docent_ingest::store::SearchMode,
     pub top_k: usize,
     /// Largest `top_k` a request may ask for.
     pub max_top_k: usize,
@@ -166,6 +168,7 @@ impl Default for Config {
                 flush_every: 4096,
             },
             retrieval: RetrievalConfig {
+                mode: docent_ingest::store::SearchMode::Hybrid,
                 top_k: 3,
                 max_top_k: 20,
             },

@@ -10,8 +10,9 @@ use crate::config::Config;
 use crate::generate::{GenerateError, Generator, Params};
 use crate::postprocess::{self, Citation};
 use crate::prompt::{ContextBlock, PromptError, Prompts};
-use crate::retrieve::Index;
-use docent_ingest::store::SearchFilter;
+use crate::retrieve::{Index, Scores};
+use docent_ingest::store::Span;
+use docent_ingest::store::{SearchFilter, SearchMode};
 
 /// Stop sequences every answer is cut at: the start of a new turn or question.
 pub const DEFAULT_STOPS: &[&str] = &["\nQuestion:", "<|im_start|>", "<|im_end|>"];
@@ -33,6 +34,8 @@ pub struct QueryRequest {
 #[serde(deny_unknown_fields)]
 pub struct RetrievalOptions {
     pub top_k: Option<usize>,
+    /// `dense`, `sparse` or `hybrid` (default: `retrieval.mode`).
+    pub mode: Option<SearchMode>,
     /// Restricts retrieval to a collection, tags (any of) or documents.
     #[serde(default)]
     pub filter: SearchFilter,
@@ -53,6 +56,31 @@ pub struct QueryResponse {
     /// False when nothing relevant was retrieved and the model was not asked.
     pub answerable: bool,
     pub usage: Usage,
+}
+
+/// `POST /v1/search` response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SearchResponse {
+    pub mode: SearchMode,
+    pub hits: Vec<SearchHit>,
+    pub retrieval_ms: f64,
+}
+
+/// One retrieved chunk with its scores.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SearchHit {
+    pub document_id: String,
+    pub source: String,
+    pub sources: Vec<String>,
+    pub title: String,
+    pub chunk_index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub page: Option<u32>,
+    pub span: Span,
+    pub text: String,
+    /// The score the hits are ranked by (the mode's).
+    pub score: f32,
+    pub scores: Scores,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -86,6 +114,7 @@ pub enum QueryError {
 pub struct ValidQuery {
     pub question: String,
     pub top_k: usize,
+    pub mode: SearchMode,
     pub filter: SearchFilter,
     pub params: Params,
 }
@@ -93,6 +122,7 @@ pub struct ValidQuery {
 /// Limits a request is checked against.
 #[derive(Debug, Clone)]
 pub struct Limits {
+    pub default_mode: SearchMode,
     pub default_top_k: usize,
     pub max_top_k: usize,
     pub default_max_tokens: usize,
@@ -105,6 +135,7 @@ pub struct Limits {
 impl Limits {
     pub fn from_config(c: &Config) -> Self {
         Limits {
+            default_mode: c.retrieval.mode,
             default_top_k: c.retrieval.top_k,
             max_top_k: c.retrieval.max_top_k,
             default_max_tokens: c.generation.max_tokens,
@@ -116,8 +147,27 @@ impl Limits {
     }
 }
 
-impl QueryRequest {
-    pub fn validate(self, limits: &Limits) -> Result<ValidQuery, QueryError> {
+/// `POST /v1/search` body: retrieval only, with the same options as `/v1/query`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchRequest {
+    pub question: String,
+    #[serde(default)]
+    pub retrieval: RetrievalOptions,
+}
+
+/// A search request with its options resolved and checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidSearch {
+    pub question: String,
+    pub top_k: usize,
+    pub mode: SearchMode,
+    pub filter: SearchFilter,
+}
+
+impl SearchRequest {
+    /// The checks `/v1/query` applies to its question and retrieval options.
+    pub fn validate(self, limits: &Limits) -> Result<ValidSearch, QueryError> {
         let invalid = |field, message: String| Err(QueryError::Invalid { field, message });
         let question = self.question.trim().to_string();
         if question.is_empty() {
@@ -133,17 +183,34 @@ impl QueryRequest {
                 ),
             );
         }
-        if self.stream {
-            return invalid(
-                "stream",
-                "streaming responses are not available yet; send \"stream\": false".into(),
-            );
-        }
         let top_k = self.retrieval.top_k.unwrap_or(limits.default_top_k);
         if top_k == 0 || top_k > limits.max_top_k {
             return invalid(
                 "retrieval.top_k",
                 format!("must be between 1 and {}, got {top_k}", limits.max_top_k),
+            );
+        }
+        Ok(ValidSearch {
+            question,
+            top_k,
+            mode: self.retrieval.mode.unwrap_or(limits.default_mode),
+            filter: self.retrieval.filter,
+        })
+    }
+}
+
+impl QueryRequest {
+    pub fn validate(self, limits: &Limits) -> Result<ValidQuery, QueryError> {
+        let invalid = |field, message: String| Err(QueryError::Invalid { field, message });
+        let search = SearchRequest {
+            question: self.question,
+            retrieval: self.retrieval,
+        }
+        .validate(limits)?;
+        if self.stream {
+            return invalid(
+                "stream",
+                "streaming responses are not available yet; send \"stream\": false".into(),
             );
         }
         let max_tokens = self
@@ -180,9 +247,10 @@ impl QueryRequest {
             );
         }
         Ok(ValidQuery {
-            question,
-            top_k,
-            filter: self.retrieval.filter,
+            question: search.question,
+            top_k: search.top_k,
+            mode: search.mode,
+            filter: search.filter,
             params: Params {
                 max_tokens,
                 temperature,
@@ -215,16 +283,59 @@ impl QueryEngine {
         &self.limits
     }
 
+    /// Retrieval only: the chunks `answer` would put in the prompt, with their scores.
+    pub async fn search(&self, request: SearchRequest) -> Result<SearchResponse, QueryError> {
+        let s = request.validate(&self.limits)?;
+        let index = self.index.clone();
+        let mode = s.mode;
+        let (retrieved, scores) = tokio::task::spawn_blocking(move || {
+            index.retrieve_scored(&s.question, s.top_k, s.mode, &s.filter)
+        })
+        .await
+        .map_err(|e| QueryError::Internal(e.to_string()))??;
+        let hits = retrieved
+            .hits
+            .into_iter()
+            .zip(scores)
+            .map(|(h, scores)| {
+                let p = h.payload;
+                SearchHit {
+                    sources: if p.sources.is_empty() {
+                        vec![p.source.clone()]
+                    } else {
+                        p.sources
+                    },
+                    document_id: p.document_id,
+                    source: p.source,
+                    title: p.title,
+                    chunk_index: p.chunk_index,
+                    page: p.page,
+                    span: p.span,
+                    text: p.text,
+                    score: h.score,
+                    scores,
+                }
+            })
+            .collect();
+        Ok(SearchResponse {
+            mode,
+            hits,
+            retrieval_ms: retrieved.elapsed_ms,
+        })
+    }
+
     pub async fn answer(&self, request: QueryRequest) -> Result<QueryResponse, QueryError> {
         let started = Instant::now();
         let q = request.validate(&self.limits)?;
 
         let index = self.index.clone();
-        let (question, top_k, filter) = (q.question.clone(), q.top_k, q.filter.clone());
-        let retrieved =
-            tokio::task::spawn_blocking(move || index.retrieve(&question, top_k, &filter))
-                .await
-                .map_err(|e| QueryError::Internal(e.to_string()))??;
+        let (question, top_k, mode, filter) =
+            (q.question.clone(), q.top_k, q.mode, q.filter.clone());
+        let retrieved = tokio::task::spawn_blocking(move || {
+            index.retrieve_with(&question, top_k, mode, &filter)
+        })
+        .await
+        .map_err(|e| QueryError::Internal(e.to_string()))??;
 
         if retrieved.hits.is_empty() {
             return Ok(QueryResponse {

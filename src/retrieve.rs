@@ -5,13 +5,25 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use docent_ingest::embed::Embedder;
-use docent_ingest::store::{Hit, SearchFilter, Store};
+use docent_ingest::store::{Hit, SearchFilter, SearchMode, Store, HYBRID_CANDIDATES};
+use serde::Serialize;
 
 /// The embedder and the store, opened once and shared by ingest and query.
 #[derive(Clone)]
 pub struct Index {
     pub embedder: Arc<Embedder>,
     pub store: Arc<Store>,
+    /// How chunks are ranked unless a request says otherwise (`retrieval.mode`).
+    pub mode: SearchMode,
+}
+
+/// A chunk's score under each ranking (`None`: not among that ranking's candidates).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct Scores {
+    pub dense: Option<f32>,
+    pub sparse: Option<f32>,
+    /// Reciprocal rank fusion of both (hybrid mode only).
+    pub fused: Option<f32>,
 }
 
 /// Retrieved chunks, best first, and the time it took.
@@ -29,12 +41,63 @@ impl Index {
         top_k: usize,
         only: &SearchFilter,
     ) -> docent_ingest::Result<Retrieved> {
+        self.retrieve_with(question, top_k, self.mode, only)
+    }
+
+    /// [`Self::retrieve`] with a given ranking.
+    pub fn retrieve_with(
+        &self,
+        question: &str,
+        top_k: usize,
+        mode: SearchMode,
+        only: &SearchFilter,
+    ) -> docent_ingest::Result<Retrieved> {
         let started = Instant::now();
         let query = self.embedder.embed_query(question)?;
-        let hits = self.store.search_dense(&query.dense, top_k, only)?;
+        let hits = self.store.search(&query, mode, top_k, only)?;
         Ok(Retrieved {
             hits,
             elapsed_ms: started.elapsed().as_secs_f64() * 1e3,
         })
+    }
+
+    /// [`Self::retrieve_with`], plus each hit's dense and sparse score (from the same
+    /// candidate lists hybrid search fuses) and its fused score.
+    pub fn retrieve_scored(
+        &self,
+        question: &str,
+        top_k: usize,
+        mode: SearchMode,
+        only: &SearchFilter,
+    ) -> docent_ingest::Result<(Retrieved, Vec<Scores>)> {
+        let started = Instant::now();
+        let query = self.embedder.embed_query(question)?;
+        let hits = self.store.search(&query, mode, top_k, only)?;
+        let depth = top_k.max(1) * HYBRID_CANDIDATES;
+        let key = |h: &Hit| (h.payload.document_id.clone(), h.payload.chunk_index);
+        let by_key = |m: SearchMode| -> docent_ingest::Result<std::collections::HashMap<_, f32>> {
+            Ok(self
+                .store
+                .search(&query, m, depth, only)?
+                .iter()
+                .map(|h| (key(h), h.score))
+                .collect())
+        };
+        let (dense, sparse) = (by_key(SearchMode::Dense)?, by_key(SearchMode::Sparse)?);
+        let scores = hits
+            .iter()
+            .map(|h| Scores {
+                dense: dense.get(&key(h)).copied(),
+                sparse: sparse.get(&key(h)).copied(),
+                fused: (mode == SearchMode::Hybrid).then_some(h.score),
+            })
+            .collect();
+        Ok((
+            Retrieved {
+                hits,
+                elapsed_ms: started.elapsed().as_secs_f64() * 1e3,
+            },
+            scores,
+        ))
     }
 }

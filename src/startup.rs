@@ -33,7 +33,11 @@ pub fn open_index(config: &Config) -> anyhow::Result<Index> {
         embedder.dim(),
         embedder.model_sha256(),
     )?);
-    Ok(Index { embedder, store })
+    Ok(Index {
+        embedder,
+        store,
+        mode: config.retrieval.mode,
+    })
 }
 
 /// The ingest pipeline over an open index.

@@ -151,8 +151,9 @@ impl SearchMode {
     }
 }
 
-/// Reciprocal rank fusion constant (score = sum of 1 / (k + rank)); set explicitly because
-/// Qdrant's server default is 2, not the usual 60.
+/// Reciprocal rank fusion constant (score = sum over rankings of 1 / (k + position), the
+/// first position being 0); set explicitly because Qdrant's server default is 2, not the
+/// usual 60.
 pub const RRF_K: usize = 60;
 /// Hybrid search fuses the top `limit × HYBRID_CANDIDATES` of each ranking.
 pub const HYBRID_CANDIDATES: usize = 4;

@@ -2,7 +2,7 @@
 
 use serde_json::{json, Value};
 
-use crate::helpers::{app, client, OWNERSHIP};
+use crate::helpers::{app, client, INSTALLATION, OWNERSHIP};
 
 #[tokio::test]
 async fn answers_with_a_citation_of_the_document_that_holds_the_answer() {
@@ -408,4 +408,71 @@ async fn bad_uploads_get_json_errors() {
         "not_found",
     )
     .await;
+}
+
+#[tokio::test]
+async fn search_returns_chunks_with_dense_sparse_and_fused_scores() {
+    let app = app();
+    let c = client();
+    let url = format!("{}/v1/search", app.address);
+    let search = |body: Value| c.post(&url).json(&body).send();
+    let body: Value = search(json!({"question": "How do I install rustup on Linux?",
+                                    "retrieval": {"top_k": 3}}))
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(body["mode"], "hybrid", "the default mode: {body}");
+    let hits = body["hits"].as_array().unwrap();
+    assert_eq!(hits.len(), 3, "{body}");
+    assert!(
+        hits[0]["source"].as_str().unwrap().ends_with(INSTALLATION),
+        "{body}"
+    );
+    for h in hits {
+        let s = &h["scores"];
+        assert_eq!(
+            h["score"], s["fused"],
+            "hybrid ranks by the fused score: {h}"
+        );
+        assert!(s["dense"].is_f64() || s["sparse"].is_f64(), "{h}");
+        // the span points into the document's text
+        assert!(h["span"]["end"].as_u64() > h["span"]["start"].as_u64());
+    }
+    // fused scores are reciprocal-rank sums, 1 / (k + position from 0) each: at most 2 / 60
+    assert!(hits[0]["score"].as_f64().unwrap() <= 2.0 / 60.0 + 1e-6);
+    let fused: Vec<f64> = hits.iter().map(|h| h["score"].as_f64().unwrap()).collect();
+    assert!(fused.windows(2).all(|w| w[0] >= w[1]), "{fused:?}");
+
+    // one ranking at a time: the score is that ranking's own
+    for mode in ["dense", "sparse"] {
+        let body: Value = search(json!({"question": "ownership rules move borrow",
+                                        "retrieval": {"top_k": 2, "mode": mode}}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+        assert_eq!(body["mode"], mode);
+        for h in body["hits"].as_array().unwrap() {
+            assert_eq!(h["score"], h["scores"][mode], "{h}");
+            assert!(h["scores"]["fused"].is_null());
+        }
+    }
+    // the query path's checks apply
+    expect_error(
+        c.post(&url)
+            .json(&json!({"question": "x", "retrieval": {"mode": "fuzzy"}})),
+        422,
+        "invalid_request",
+    )
+    .await;
+    expect_error(
+        c.post(&url).json(&json!({"question": "  "})),
+        422,
+        "invalid_request",
+    )
+    .await;
+    expect_error(c.get(&url), 405, "method_not_allowed").await;
 }
