@@ -300,11 +300,7 @@ impl QueryEngine {
             .map(|(h, scores)| {
                 let p = h.payload;
                 SearchHit {
-                    sources: if p.sources.is_empty() {
-                        vec![p.source.clone()]
-                    } else {
-                        p.sources
-                    },
+                    sources: p.all_sources(),
                     document_id: p.document_id,
                     source: p.source,
                     title: p.title,

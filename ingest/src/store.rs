@@ -80,6 +80,15 @@ pub struct Origin {
 }
 
 impl ChunkPayload {
+    /// Every source holding the content (`sources`, or `source` for a payload without it).
+    pub fn all_sources(&self) -> Vec<String> {
+        if self.sources.is_empty() {
+            vec![self.source.clone()]
+        } else {
+            self.sources.clone()
+        }
+    }
+
     /// Sets `origins` and everything derived from it.
     pub fn set_origins(&mut self, origins: Vec<Origin>) {
         let derived = Derived::of(&origins);
@@ -943,12 +952,8 @@ impl Store {
 
     fn describe(&self, id: &str, chunks: usize) -> Result<Option<DocumentInfo>> {
         Ok(self.first_payload(id)?.map(|p| DocumentInfo {
+            sources: p.all_sources(),
             id: p.document_id,
-            sources: if p.sources.is_empty() {
-                vec![p.source.clone()]
-            } else {
-                p.sources
-            },
             source: p.source,
             title: p.title,
             collection: p.collection,
