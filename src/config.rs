@@ -106,6 +106,9 @@ impl IngestConfig {
 pub struct RetrievalConfig {
     /// `dense`, `sparse` (BM25) or `hybrid` (both, fused with reciprocal rank fusion).
     pub mode: docent_ingest::store::SearchMode,
+    /// Below this dense cosine similarity of the best chunk, the question is answered from
+    /// the refusal template without calling the model (`answerable: false`). 0 = never.
+    pub min_score: f32,
     pub top_k: usize,
     /// Largest `top_k` a request may ask for.
     pub max_top_k: usize,
@@ -169,6 +172,7 @@ impl Default for Config {
             },
             retrieval: RetrievalConfig {
                 mode: docent_ingest::store::SearchMode::Hybrid,
+                min_score: 0.0,
                 top_k: 3,
                 max_top_k: 20,
             },
@@ -235,6 +239,15 @@ impl Config {
                 format!(
                     "must be smaller than chunking.max_tokens ({}), got {}",
                     self.chunking.max_tokens, self.chunking.overlap
+                ),
+            );
+        }
+        if !(-1.0..=1.0).contains(&self.retrieval.min_score) {
+            return invalid(
+                "retrieval.min_score",
+                format!(
+                    "is a cosine similarity and must be between -1 and 1, got {}",
+                    self.retrieval.min_score
                 ),
             );
         }

@@ -38,6 +38,24 @@ struct QueryLine {
     #[serde(rename = "_id")]
     id: String,
     text: String,
+    #[serde(default)]
+    metadata: QueryMeta,
+}
+
+#[derive(Deserialize)]
+struct QueryMeta {
+    #[serde(default = "yes")]
+    answerable: bool,
+}
+
+impl Default for QueryMeta {
+    fn default() -> Self {
+        QueryMeta { answerable: true }
+    }
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// A BEIR-layout evaluation set.
@@ -121,6 +139,52 @@ pub struct ModeReport {
     pub queries: usize,
 }
 
+/// Whether the best retrieval score tells answerable questions from unanswerable ones
+/// (SQuAD v2.0): the signal is the best dense cosine similarity among the top chunks; a
+/// question is refused when it is below the threshold.
+#[derive(Debug, Clone, Serialize)]
+pub struct RefusalReport {
+    pub answerable: usize,
+    pub unanswerable: usize,
+    /// `retrieval.min_score` of the configuration and the rates it gives.
+    pub min_score: f32,
+    pub correct_refusal: f64,
+    pub false_refusal: f64,
+    /// The threshold that refuses the most unanswerable questions while refusing at most
+    /// 10 % of the answerable ones, and its rates.
+    pub best_threshold: f32,
+    pub best_correct_refusal: f64,
+    pub best_false_refusal: f64,
+}
+
+fn refusal(scores: &[(f32, bool)], min_score: f32) -> Option<RefusalReport> {
+    let answerable: Vec<f32> = scores.iter().filter(|s| s.1).map(|s| s.0).collect();
+    let unanswerable: Vec<f32> = scores.iter().filter(|s| !s.1).map(|s| s.0).collect();
+    if answerable.is_empty() || unanswerable.is_empty() {
+        return None;
+    }
+    let below = |v: &[f32], t: f32| v.iter().filter(|&&s| s < t).count() as f64 / v.len() as f64;
+    let mut candidates: Vec<f32> = scores.iter().map(|s| s.0).collect();
+    candidates.sort_by(f32::total_cmp);
+    candidates.dedup();
+    let best = candidates
+        .iter()
+        .copied()
+        .filter(|&t| below(&answerable, t) <= 0.10)
+        .max_by(|a, b| below(&unanswerable, *a).total_cmp(&below(&unanswerable, *b)))
+        .unwrap_or(f32::MIN);
+    Some(RefusalReport {
+        answerable: answerable.len(),
+        unanswerable: unanswerable.len(),
+        min_score,
+        correct_refusal: below(&unanswerable, min_score),
+        false_refusal: below(&answerable, min_score),
+        best_threshold: best,
+        best_correct_refusal: below(&unanswerable, best),
+        best_false_refusal: below(&answerable, best),
+    })
+}
+
 #[derive(Debug, Serialize)]
 pub struct EvalReport {
     pub dataset: String,
@@ -130,6 +194,9 @@ pub struct EvalReport {
     pub ingest_seconds: f64,
     #[serde(flatten)]
     pub modes: BTreeMap<String, ModeReport>,
+    /// Present when the set has unanswerable questions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<RefusalReport>,
 }
 
 #[derive(Default)]
@@ -229,19 +296,30 @@ pub fn run(
     let ingest_seconds = started.elapsed().as_secs_f64();
     let chunks = index.store.len()?;
 
+    // questions with relevant documents, and those marked unanswerable
     let queries: Vec<&QueryLine> = data
         .queries
         .iter()
-        .filter(|q| data.qrels.contains_key(&q.id))
+        .filter(|q| data.qrels.contains_key(&q.id) || !q.metadata.answerable)
         .take(limit.unwrap_or(usize::MAX))
         .collect();
     let mut acc: Vec<Acc> = modes.iter().map(|_| Acc::default()).collect();
     let none = SearchFilter::default();
+    let mut best_scores: Vec<(f32, bool)> = Vec::new();
     for q in queries {
         let t = Instant::now();
         let embedded = index.embedder.embed_query(&q.text)?;
         let embed_ms = t.elapsed().as_secs_f64() * 1e3;
-        let relevant = &data.qrels[&q.id];
+        let best = index
+            .store
+            .search(&embedded, SearchMode::Dense, 1, &none)?
+            .first()
+            .map_or(f32::MIN, |h| h.score);
+        let Some(relevant) = data.qrels.get(&q.id) else {
+            best_scores.push((best, false));
+            continue;
+        };
+        best_scores.push((best, true));
         for (mode, acc) in modes.iter().zip(acc.iter_mut()) {
             let t = Instant::now();
             // more chunks than documents: a long document may fill several places
@@ -276,6 +354,7 @@ pub fn run(
             .zip(acc)
             .map(|(m, a)| (m.name().to_string(), a.report()))
             .collect(),
+        refusal: refusal(&best_scores, config.retrieval.min_score),
     })
 }
 
@@ -302,6 +381,20 @@ impl std::fmt::Display for EvalReport {
                 f,
                 "{:<8} {:>6.3} {:>6.3} {:>6.3} {:>7.3} {:>7.3} {:>8.2} {:>8.2}",
                 name, m.recall_1, m.recall_5, m.recall_10, m.mrr_10, m.ndcg_10, m.p50_ms, m.p99_ms
+            )?;
+        }
+        if let Some(r) = &self.refusal {
+            writeln!(
+                f,
+                "refusal ({} answerable, {} unanswerable; signal: best dense cosine): min_score {:.3} refuses {:.1} % of unanswerable and {:.1} % of answerable; best threshold with <= 10 % false refusals: {:.3} ({:.1} % / {:.1} %)",
+                r.answerable,
+                r.unanswerable,
+                r.min_score,
+                100.0 * r.correct_refusal,
+                100.0 * r.false_refusal,
+                r.best_threshold,
+                100.0 * r.best_correct_refusal,
+                100.0 * r.best_false_refusal
             )?;
         }
         Ok(())

@@ -36,6 +36,9 @@ pub struct RetrievalOptions {
     pub top_k: Option<usize>,
     /// `dense`, `sparse` or `hybrid` (default: `retrieval.mode`).
     pub mode: Option<SearchMode>,
+    /// Refuse when the best chunk's cosine similarity is below (default:
+    /// `retrieval.min_score`).
+    pub min_score: Option<f32>,
     /// Restricts retrieval to a collection, tags (any of) or documents.
     #[serde(default)]
     pub filter: SearchFilter,
@@ -115,6 +118,7 @@ pub struct ValidQuery {
     pub question: String,
     pub top_k: usize,
     pub mode: SearchMode,
+    pub min_score: f32,
     pub filter: SearchFilter,
     pub params: Params,
 }
@@ -123,6 +127,8 @@ pub struct ValidQuery {
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub default_mode: SearchMode,
+    /// Refuse without the model when the best chunk's cosine similarity is below this.
+    pub min_score: f32,
     pub default_top_k: usize,
     pub max_top_k: usize,
     pub default_max_tokens: usize,
@@ -136,6 +142,7 @@ impl Limits {
     pub fn from_config(c: &Config) -> Self {
         Limits {
             default_mode: c.retrieval.mode,
+            min_score: c.retrieval.min_score,
             default_top_k: c.retrieval.top_k,
             max_top_k: c.retrieval.max_top_k,
             default_max_tokens: c.generation.max_tokens,
@@ -162,6 +169,7 @@ pub struct ValidSearch {
     pub question: String,
     pub top_k: usize,
     pub mode: SearchMode,
+    pub min_score: f32,
     pub filter: SearchFilter,
 }
 
@@ -190,9 +198,17 @@ impl SearchRequest {
                 format!("must be between 1 and {}, got {top_k}", limits.max_top_k),
             );
         }
+        let min_score = self.retrieval.min_score.unwrap_or(limits.min_score);
+        if !(-1.0..=1.0).contains(&min_score) {
+            return invalid(
+                "retrieval.min_score",
+                format!("must be a cosine similarity between -1 and 1, got {min_score}"),
+            );
+        }
         Ok(ValidSearch {
             question,
             top_k,
+            min_score,
             mode: self.retrieval.mode.unwrap_or(limits.default_mode),
             filter: self.retrieval.filter,
         })
@@ -250,6 +266,7 @@ impl QueryRequest {
             question: search.question,
             top_k: search.top_k,
             mode: search.mode,
+            min_score: search.min_score,
             filter: search.filter,
             params: Params {
                 max_tokens,
@@ -333,7 +350,8 @@ impl QueryEngine {
         .await
         .map_err(|e| QueryError::Internal(e.to_string()))??;
 
-        if retrieved.hits.is_empty() {
+        let relevant = retrieved.best_dense.is_some_and(|s| s >= q.min_score);
+        if retrieved.hits.is_empty() || !relevant {
             return Ok(QueryResponse {
                 answer: self.prompts.refusal(&q.question)?,
                 citations: vec![],

@@ -30,6 +30,9 @@ pub struct Scores {
 #[derive(Debug, Clone)]
 pub struct Retrieved {
     pub hits: Vec<Hit>,
+    /// Cosine similarity of the chunk nearest to the question (the refusal signal,
+    /// whatever the mode); `None` when the index has no matching chunk.
+    pub best_dense: Option<f32>,
     pub elapsed_ms: f64,
 }
 
@@ -55,10 +58,29 @@ impl Index {
         let started = Instant::now();
         let query = self.embedder.embed_query(question)?;
         let hits = self.store.search(&query, mode, top_k, only)?;
+        let best_dense = self.best_dense(&query, mode, &hits, only)?;
         Ok(Retrieved {
             hits,
+            best_dense,
             elapsed_ms: started.elapsed().as_secs_f64() * 1e3,
         })
+    }
+
+    fn best_dense(
+        &self,
+        query: &docent_ingest::embed::Embedding,
+        mode: SearchMode,
+        hits: &[Hit],
+        only: &SearchFilter,
+    ) -> docent_ingest::Result<Option<f32>> {
+        if mode == SearchMode::Dense {
+            return Ok(hits.first().map(|h| h.score));
+        }
+        Ok(self
+            .store
+            .search(query, SearchMode::Dense, 1, only)?
+            .first()
+            .map(|h| h.score))
     }
 
     /// [`Self::retrieve_with`], plus each hit's dense and sparse score (from the same
@@ -84,6 +106,7 @@ impl Index {
                 .collect())
         };
         let (dense, sparse) = (by_key(SearchMode::Dense)?, by_key(SearchMode::Sparse)?);
+        let best_dense = self.best_dense(&query, mode, &hits, only)?;
         let scores = hits
             .iter()
             .map(|h| Scores {
@@ -95,6 +118,7 @@ impl Index {
         Ok((
             Retrieved {
                 hits,
+                best_dense,
                 elapsed_ms: started.elapsed().as_secs_f64() * 1e3,
             },
             scores,

@@ -476,3 +476,33 @@ async fn search_returns_chunks_with_dense_sparse_and_fused_scores() {
     .await;
     expect_error(c.get(&url), 405, "method_not_allowed").await;
 }
+
+#[tokio::test]
+async fn below_min_score_the_model_is_not_asked() {
+    let app = app();
+    let c = client();
+    let url = format!("{}/v1/query", app.address);
+    // the same question is answerable with the configured threshold (0 = never refuse) …
+    let ask = |min_score: f64| {
+        c.post(&url)
+            .json(&json!({"question": "How do I install Rust on Linux?",
+                          "retrieval": {"top_k": 1, "min_score": min_score},
+                          "generation": {"max_tokens": 8}}))
+            .send()
+    };
+    let body: Value = ask(0.0).await.unwrap().json().await.unwrap();
+    assert_eq!(body["answerable"], true, "{body}");
+    // … and refused, from the template and without generating, above its best cosine
+    let body: Value = ask(0.99).await.unwrap().json().await.unwrap();
+    assert_eq!(body["answerable"], false, "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], 0);
+    assert_eq!(body["citations"], json!([]));
+    assert!(!body["answer"].as_str().unwrap().is_empty());
+    expect_error(
+        c.post(&url)
+            .json(&json!({"question": "x", "retrieval": {"min_score": 1.5}})),
+        422,
+        "invalid_request",
+    )
+    .await;
+}
