@@ -106,6 +106,8 @@ impl IngestConfig {
 pub struct RetrievalConfig {
     /// `dense`, `sparse` (BM25) or `hybrid` (both, fused with reciprocal rank fusion).
     pub mode: docent_ingest::store::SearchMode,
+    /// Hybrid fusion: `rrf_k`, `dense_weight`, `sparse_weight`.
+    pub fusion: docent_ingest::store::Fusion,
     /// Below this dense cosine similarity of the best chunk, the question is answered from
     /// the refusal template without calling the model (`answerable: false`). 0 = never.
     pub min_score: f32,
@@ -173,6 +175,7 @@ impl Default for Config {
             retrieval: RetrievalConfig {
                 mode: docent_ingest::store::SearchMode::Hybrid,
                 min_score: 0.0,
+                fusion: docent_ingest::store::Fusion::default(),
                 top_k: 3,
                 max_top_k: 20,
             },
@@ -239,6 +242,21 @@ impl Config {
                 format!(
                     "must be smaller than chunking.max_tokens ({}), got {}",
                     self.chunking.max_tokens, self.chunking.overlap
+                ),
+            );
+        }
+        let f = &self.retrieval.fusion;
+        let positive = |w: f32| w.is_finite() && w > 0.0;
+        if f.rrf_k == 0
+            || f.candidates == 0
+            || !positive(f.dense_weight)
+            || !positive(f.sparse_weight)
+        {
+            return invalid(
+                "retrieval.fusion",
+                format!(
+                    "rrf_k and candidates must be at least 1 and both weights above 0, got rrf_k = {}, candidates = {}, dense_weight = {}, sparse_weight = {}",
+                    f.rrf_k, f.candidates, f.dense_weight, f.sparse_weight
                 ),
             );
         }

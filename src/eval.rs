@@ -312,7 +312,7 @@ pub fn run(
         let embed_ms = t.elapsed().as_secs_f64() * 1e3;
         let best = index
             .store
-            .search(&embedded, SearchMode::Dense, 1, &none)?
+            .search(&embedded, SearchMode::Dense, &index.fusion, 1, &none)?
             .first()
             .map_or(f32::MIN, |h| h.score);
         let Some(relevant) = data.qrels.get(&q.id) else {
@@ -323,7 +323,9 @@ pub fn run(
         for (mode, acc) in modes.iter().zip(acc.iter_mut()) {
             let t = Instant::now();
             // more chunks than documents: a long document may fill several places
-            let hits = index.store.search(&embedded, *mode, 2 * DEPTH, &none)?;
+            let hits = index
+                .store
+                .search(&embedded, *mode, &index.fusion, 2 * DEPTH, &none)?;
             let ms = embed_ms + t.elapsed().as_secs_f64() * 1e3;
             let mut ranked: Vec<String> = Vec::with_capacity(DEPTH);
             for h in hits {

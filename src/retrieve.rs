@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use docent_ingest::embed::Embedder;
-use docent_ingest::store::{Hit, SearchFilter, SearchMode, Store, HYBRID_CANDIDATES};
+use docent_ingest::store::{Fusion, Hit, SearchFilter, SearchMode, Store};
 use serde::Serialize;
 
 /// The embedder and the store, opened once and shared by ingest and query.
@@ -15,6 +15,8 @@ pub struct Index {
     pub store: Arc<Store>,
     /// How chunks are ranked unless a request says otherwise (`retrieval.mode`).
     pub mode: SearchMode,
+    /// How hybrid search fuses its rankings.
+    pub fusion: Fusion,
 }
 
 /// A chunk's score under each ranking (`None`: not among that ranking's candidates).
@@ -57,7 +59,7 @@ impl Index {
     ) -> docent_ingest::Result<Retrieved> {
         let started = Instant::now();
         let query = self.embedder.embed_query(question)?;
-        let hits = self.store.search(&query, mode, top_k, only)?;
+        let hits = self.store.search(&query, mode, &self.fusion, top_k, only)?;
         let best_dense = self.best_dense(&query, mode, &hits, only)?;
         Ok(Retrieved {
             hits,
@@ -78,7 +80,7 @@ impl Index {
         }
         Ok(self
             .store
-            .search(query, SearchMode::Dense, 1, only)?
+            .search(query, SearchMode::Dense, &self.fusion, 1, only)?
             .first()
             .map(|h| h.score))
     }
@@ -94,13 +96,13 @@ impl Index {
     ) -> docent_ingest::Result<(Retrieved, Vec<Scores>)> {
         let started = Instant::now();
         let query = self.embedder.embed_query(question)?;
-        let hits = self.store.search(&query, mode, top_k, only)?;
-        let depth = top_k.max(1) * HYBRID_CANDIDATES;
+        let hits = self.store.search(&query, mode, &self.fusion, top_k, only)?;
+        let depth = top_k.max(1) * self.fusion.candidates.max(1);
         let key = |h: &Hit| (h.payload.document_id.clone(), h.payload.chunk_index);
         let by_key = |m: SearchMode| -> docent_ingest::Result<std::collections::HashMap<_, f32>> {
             Ok(self
                 .store
-                .search(&query, m, depth, only)?
+                .search(&query, m, &self.fusion, depth, only)?
                 .iter()
                 .map(|h| (key(h), h.score))
                 .collect())

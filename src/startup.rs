@@ -37,6 +37,7 @@ pub fn open_index(config: &Config) -> anyhow::Result<Index> {
         embedder,
         store,
         mode: config.retrieval.mode,
+        fusion: config.retrieval.fusion,
     })
 }
 

@@ -440,8 +440,6 @@ async fn search_returns_chunks_with_dense_sparse_and_fused_scores() {
         // the span points into the document's text
         assert!(h["span"]["end"].as_u64() > h["span"]["start"].as_u64());
     }
-    // fused scores are reciprocal-rank sums, 1 / (k + position from 0) each: at most 2 / 60
-    assert!(hits[0]["score"].as_f64().unwrap() <= 2.0 / 60.0 + 1e-6);
     let fused: Vec<f64> = hits.iter().map(|h| h["score"].as_f64().unwrap()).collect();
     assert!(fused.windows(2).all(|w| w[0] >= w[1]), "{fused:?}");
 
