@@ -58,6 +58,14 @@ fn yes() -> bool {
     true
 }
 
+#[derive(Deserialize)]
+struct AnswerLine {
+    #[serde(rename = "query-id")]
+    query_id: String,
+    #[serde(default)]
+    answers: Vec<String>,
+}
+
 /// A BEIR-layout evaluation set.
 pub struct Dataset {
     pub name: String,
@@ -65,6 +73,8 @@ pub struct Dataset {
     queries: Vec<QueryLine>,
     /// Query id → relevant corpus ids.
     qrels: HashMap<String, HashSet<String>>,
+    /// Query id → gold answer strings (`answers.jsonl`, optional).
+    answers: HashMap<String, Vec<String>>,
 }
 
 fn jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> anyhow::Result<Vec<T>> {
@@ -109,7 +119,17 @@ impl Dataset {
                 ),
             }
         }
+        let answers_file = dir.join("answers.jsonl");
+        let answers = if answers_file.is_file() {
+            jsonl::<AnswerLine>(&answers_file)?
+                .into_iter()
+                .map(|a| (a.query_id, a.answers))
+                .collect()
+        } else {
+            HashMap::new()
+        };
         Ok(Dataset {
+            answers,
             name: dir
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
@@ -197,6 +217,115 @@ pub struct EvalReport {
     /// Present when the set has unanswerable questions.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refusal: Option<RefusalReport>,
+    /// Full question answering with the LLM (`--answers N`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answers: Option<AnswerReport>,
+}
+
+/// Full RAG on the first N questions (file order), with the configured retrieval and the
+/// generation model (greedy, at most [`ANSWER_TOKENS`] tokens).
+#[derive(Debug, Clone, Serialize)]
+pub struct AnswerReport {
+    pub questions: usize,
+    pub answerable: usize,
+    pub unanswerable: usize,
+    /// Answerable questions whose answer contains a gold answer (case-insensitive).
+    pub contains_gold: f64,
+    /// Citations (on answerable questions) whose chunk contains a gold answer.
+    pub citation_precision: f64,
+    pub citations: usize,
+    /// Answerable questions with at least one citation of a chunk holding a gold answer.
+    pub citation_coverage: f64,
+    /// Unanswerable questions answered with `answerable: false`.
+    pub correct_refusal: f64,
+    /// Answerable questions answered with `answerable: false`.
+    pub false_refusal: f64,
+    pub mean_seconds: f64,
+}
+
+/// Token budget of each generated answer (SQuAD answers are short).
+pub const ANSWER_TOKENS: usize = 64;
+
+/// The index an evaluation built, kept for the answer run.
+pub struct Evaluated {
+    pub report: EvalReport,
+    pub index: crate::retrieve::Index,
+    pub config: Config,
+    _tmp: crate::bench::RemoveOnDrop,
+}
+
+/// Whether `text` contains one of the gold answers (case-insensitive, trimmed; empty gold
+/// strings never match).
+pub fn contains_answer(text: &str, golds: &[String]) -> bool {
+    let text = text.to_lowercase();
+    golds
+        .iter()
+        .any(|g| !g.trim().is_empty() && text.contains(&g.trim().to_lowercase()))
+}
+
+/// Answers the first `n` questions with the full query path and scores them.
+pub async fn answers(
+    engine: &crate::query::QueryEngine,
+    data: &Dataset,
+    n: usize,
+) -> anyhow::Result<AnswerReport> {
+    let contains = contains_answer;
+    let queries: Vec<&QueryLine> = data
+        .queries
+        .iter()
+        .filter(|q| data.qrels.contains_key(&q.id) || !q.metadata.answerable)
+        .take(n)
+        .collect();
+    let (mut answerable, mut unanswerable, mut gold, mut refused_ok, mut refused_wrongly) =
+        (0usize, 0usize, 0usize, 0usize, 0usize);
+    let (mut citations, mut good_citations, mut covered) = (0usize, 0usize, 0usize);
+    let started = Instant::now();
+    for q in &queries {
+        let response = engine
+            .answer(crate::query::QueryRequest {
+                question: q.text.clone(),
+                generation: crate::query::GenerationOptions {
+                    max_tokens: Some(ANSWER_TOKENS),
+                    temperature: Some(0.0),
+                    ..Default::default()
+                },
+                ..Default::default()
+            })
+            .await?;
+        let golds = data.answers.get(&q.id).cloned().unwrap_or_default();
+        if !data.qrels.contains_key(&q.id) {
+            unanswerable += 1;
+            refused_ok += usize::from(!response.answerable);
+            continue;
+        }
+        answerable += 1;
+        refused_wrongly += usize::from(!response.answerable);
+        gold += usize::from(contains(&response.answer, &golds));
+        let mut any_good = false;
+        for c in &response.citations {
+            citations += 1;
+            let store = engine.index.store.clone();
+            let (id, i) = (c.document_id.clone(), c.chunk_index);
+            let chunk = tokio::task::spawn_blocking(move || store.chunk(&id, i)).await??;
+            let good = chunk.is_some_and(|p| contains(&p.text, &golds));
+            good_citations += usize::from(good);
+            any_good |= good;
+        }
+        covered += usize::from(any_good);
+    }
+    let share = |a: usize, b: usize| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    Ok(AnswerReport {
+        questions: queries.len(),
+        answerable,
+        unanswerable,
+        contains_gold: share(gold, answerable),
+        citation_precision: share(good_citations, citations),
+        citations,
+        citation_coverage: share(covered, answerable),
+        correct_refusal: share(refused_ok, unanswerable),
+        false_refusal: share(refused_wrongly, answerable),
+        mean_seconds: started.elapsed().as_secs_f64() / queries.len().max(1) as f64,
+    })
 }
 
 #[derive(Default)]
@@ -270,9 +399,9 @@ pub fn run(
     data: &Dataset,
     modes: &[SearchMode],
     limit: Option<usize>,
-) -> anyhow::Result<EvalReport> {
+) -> anyhow::Result<Evaluated> {
     let tmp = std::env::temp_dir().join(format!("docent-eval-{}", std::process::id()));
-    let _cleanup = crate::bench::RemoveOnDrop(tmp.clone());
+    let cleanup = crate::bench::RemoveOnDrop(tmp.clone());
     let mut config = config.clone();
     config.data_dir = tmp;
     let index = startup::open_index(&config)?;
@@ -345,7 +474,7 @@ pub fn run(
             acc.add(&ranked, relevant, ms);
         }
     }
-    Ok(EvalReport {
+    let report = EvalReport {
         dataset: data.name.clone(),
         model_dir: config.embedding.model_dir.clone(),
         documents: data.corpus.len(),
@@ -357,6 +486,13 @@ pub fn run(
             .map(|(m, a)| (m.name().to_string(), a.report()))
             .collect(),
         refusal: refusal(&best_scores, config.retrieval.min_score),
+        answers: None,
+    };
+    Ok(Evaluated {
+        report,
+        index,
+        config,
+        _tmp: cleanup,
     })
 }
 
@@ -399,6 +535,22 @@ impl std::fmt::Display for EvalReport {
                 100.0 * r.best_false_refusal
             )?;
         }
+        if let Some(a) = &self.answers {
+            writeln!(
+                f,
+                "answers ({} questions: {} answerable, {} unanswerable; {:.1} s each): contain a gold answer {:.1} %, citation precision {:.1} % of {}, coverage {:.1} %, correct refusals {:.1} %, false refusals {:.1} %",
+                a.questions,
+                a.answerable,
+                a.unanswerable,
+                a.mean_seconds,
+                100.0 * a.contains_gold,
+                100.0 * a.citation_precision,
+                a.citations,
+                100.0 * a.citation_coverage,
+                100.0 * a.correct_refusal,
+                100.0 * a.false_refusal
+            )?;
+        }
         Ok(())
     }
 }
@@ -437,6 +589,14 @@ mod tests {
         assert_eq!((r.recall_1, r.mrr_10), (0.5, 1.0));
         let ideal = 1.0 + 1.0 / 3f64.log2();
         assert!((r.ndcg_10 - 1.0 / ideal).abs() < 1e-12);
+    }
+
+    #[test]
+    fn gold_answers_match_case_insensitively_and_never_when_empty() {
+        let golds = vec!["October 1973".to_string(), " ".to_string()];
+        assert!(contains_answer("It began in october 1973.", &golds));
+        assert!(!contains_answer("It began in 1973.", &golds));
+        assert!(!contains_answer("anything", &[String::new()]));
     }
 
     #[test]

@@ -67,6 +67,9 @@ enum Command {
         /// Embedding model directory (overrides embedding.model_dir), e.g. the int8 model.
         #[arg(long)]
         model_dir: Option<PathBuf>,
+        /// Also answer the first N questions with the LLM and score the answers.
+        #[arg(long)]
+        answers: Option<usize>,
         /// Print one JSON object keyed by mode instead of the table.
         #[arg(long)]
         json: bool,
@@ -183,6 +186,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             modes,
             limit,
             model_dir,
+            answers,
             json,
         } => {
             if let Some(d) = model_dir {
@@ -200,10 +204,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let data = docent::eval::Dataset::load(&dataset)?;
-            let report = tokio::task::spawn_blocking(move || {
-                docent::eval::run(&config, &data, &modes, limit)
-            })
-            .await??;
+            let data = Arc::new(data);
+            let d = data.clone();
+            let evaluated =
+                tokio::task::spawn_blocking(move || docent::eval::run(&config, &d, &modes, limit))
+                    .await??;
+            let mut report = evaluated.report;
+            if let Some(n) = answers.filter(|&n| n > 0) {
+                let engine =
+                    startup::query_engine(&evaluated.config, evaluated.index.clone()).await?;
+                report.answers = Some(docent::eval::answers(&engine, &data, n).await?);
+            }
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {

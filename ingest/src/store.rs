@@ -317,6 +317,11 @@ fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+fn parse_payload(payload: Payload) -> Result<ChunkPayload> {
+    serde_json::from_value(serde_json::Value::Object(payload.0.into_iter().collect()))
+        .map_err(|e| Error::Store(format!("malformed chunk payload: {e}")))
+}
+
 fn store_err(e: impl std::fmt::Display) -> Error {
     Error::Store(e.to_string())
 }
@@ -901,15 +906,11 @@ impl Store {
         points
             .into_iter()
             .map(|p| {
-                let map = p
+                let payload = p
                     .payload
-                    .ok_or_else(|| Error::Store("point without payload".into()))?
-                    .0;
-                let payload: ChunkPayload =
-                    serde_json::from_value(serde_json::Value::Object(map.into_iter().collect()))
-                        .map_err(|e| Error::Store(format!("malformed chunk payload: {e}")))?;
+                    .ok_or_else(|| Error::Store("point without payload".into()))?;
                 Ok(Hit {
-                    payload,
+                    payload: parse_payload(payload)?,
                     score: p.score,
                 })
             })
@@ -980,6 +981,19 @@ impl Store {
         self.describe(id, chunks)
     }
 
+    /// One chunk of a document, by its index.
+    pub fn chunk(&self, document_id: &str, chunk_index: usize) -> Result<Option<ChunkPayload>> {
+        let id = PointId::NumId(point_id(document_id, chunk_index));
+        let records = self
+            .shard
+            .retrieve(&[id], Some(WithPayloadInterface::Bool(true)), None)
+            .map_err(store_err)?;
+        let Some(payload) = records.into_iter().next().and_then(|r| r.payload) else {
+            return Ok(None);
+        };
+        parse_payload(payload).map(Some)
+    }
+
     /// The payload of one chunk of a document (the fields every chunk shares).
     fn first_payload(&self, id: &str) -> Result<Option<ChunkPayload>> {
         let (records, _) = self
@@ -996,9 +1010,7 @@ impl Store {
         let Some(payload) = records.into_iter().next().and_then(|r| r.payload) else {
             return Ok(None);
         };
-        serde_json::from_value(serde_json::Value::Object(payload.0.into_iter().collect()))
-            .map(Some)
-            .map_err(|e| Error::Store(format!("malformed chunk payload: {e}")))
+        parse_payload(payload).map(Some)
     }
 
     fn describe(&self, id: &str, chunks: usize) -> Result<Option<DocumentInfo>> {
@@ -1099,6 +1111,8 @@ mod tests {
             assert_eq!(hits[0].payload, payload("a", 1, "/a"));
             assert!(hits[0].score > hits[1].score);
             assert_eq!(s.chunk_count("a").unwrap(), 2);
+            assert_eq!(s.chunk("a", 1).unwrap(), Some(payload("a", 1, "/a")));
+            assert_eq!(s.chunk("a", 7).unwrap(), None);
             assert_eq!(
                 s.documents_of_source("/a")
                     .unwrap()
