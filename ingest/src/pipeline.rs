@@ -301,7 +301,13 @@ impl Ingestor {
                     advanced.set(advanced.get() + bytes);
                     progress.advance(i, done, total, bytes);
                 };
-                let result = prepared.and_then(|p| self.write(&p.doc, p.chunks, &on_batch));
+                // a panic here must not leave the workers waiting for room forever
+                let result = prepared.and_then(|p| {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        self.write(&p.doc, p.chunks, &on_batch)
+                    }))
+                    .unwrap_or_else(|_| Err(Error::Store("writing the document panicked".into())))
+                });
                 progress.advance(i, 0, 0, size.saturating_sub(advanced.get()));
                 if let Err(e) = &result {
                     warn!(input = %name, error = %e, "ingest failed");
