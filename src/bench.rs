@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
-use docent_ingest::bench::{tokenize, RawSession};
+use docent_ingest::bench::{batch_tokenizer, tokenize, RawSession};
 use docent_ingest::load;
 use docent_ingest::pipeline::Silent;
 use serde::Serialize;
@@ -109,9 +109,10 @@ pub fn ingest(config: &Config, corpus: &Path, peer: Option<&Peer>) -> anyhow::Re
     drop(ingestor);
     drop(index);
     // batched per document, in the order the pipeline embeds them
+    let tok = batch_tokenizer(&e.model_dir, e.max_length)?;
     let mut batches = Vec::new();
     for doc in &texts {
-        batches.extend(tokenize(&e.model_dir, doc, e.batch_size, e.max_length)?);
+        batches.extend(tokenize(&tok, doc, e.batch_size)?);
     }
     let n_chunks: usize = texts.iter().map(Vec::len).sum();
     let mut raw = RawSession::load(&e.model_dir, &e.ort_library, e.threads)?;

@@ -98,25 +98,30 @@ impl Index {
         let query = self.embedder.embed_query(question)?;
         let hits = self.store.search(&query, mode, &self.fusion, top_k, only)?;
         let depth = top_k.max(1) * self.fusion.candidates.max(1);
-        let key = |h: &Hit| (h.payload.document_id.clone(), h.payload.chunk_index);
-        let by_key = |m: SearchMode| -> docent_ingest::Result<std::collections::HashMap<_, f32>> {
-            Ok(self
-                .store
-                .search(&query, m, &self.fusion, depth, only)?
-                .iter()
-                .map(|h| (key(h), h.score))
-                .collect())
+        let dense = self
+            .store
+            .search(&query, SearchMode::Dense, &self.fusion, depth, only)?;
+        let sparse = self
+            .store
+            .search(&query, SearchMode::Sparse, &self.fusion, depth, only)?;
+        let score_in = |list: &[Hit], h: &Hit| {
+            list.iter()
+                .find(|c| {
+                    c.payload.document_id == h.payload.document_id
+                        && c.payload.chunk_index == h.payload.chunk_index
+                })
+                .map(|c| c.score)
         };
-        let (dense, sparse) = (by_key(SearchMode::Dense)?, by_key(SearchMode::Sparse)?);
-        let best_dense = self.best_dense(&query, mode, &hits, only)?;
         let scores = hits
             .iter()
             .map(|h| Scores {
-                dense: dense.get(&key(h)).copied(),
-                sparse: sparse.get(&key(h)).copied(),
+                dense: score_in(&dense, h),
+                sparse: score_in(&sparse, h),
                 fused: (mode == SearchMode::Hybrid).then_some(h.score),
             })
             .collect();
+        // the dense candidates are best first: the refusal signal needs no extra search
+        let best_dense = dense.first().map(|h| h.score);
         Ok((
             Retrieved {
                 hits,

@@ -49,7 +49,7 @@ pub fn ingestor(config: &Config, index: &Index) -> anyhow::Result<Ingestor> {
         config.chunking.overlap,
         config.embedding.max_length,
     )?;
-    Ok(Ingestor::with_config(
+    Ok(Ingestor::new(
         splitter,
         index.embedder.clone(),
         index.store.clone(),

@@ -37,14 +37,9 @@ fn ort_err(e: impl std::fmt::Display) -> Error {
     Error::Embed(format!("ONNX Runtime: {e}"))
 }
 
-/// Tokenizes `texts` in batches of `batch_size` the way the embedder does: truncated to
-/// `max_length`, padded to the longest text of each batch.
-pub fn tokenize(
-    model_dir: &Path,
-    texts: &[String],
-    batch_size: usize,
-    max_length: usize,
-) -> Result<Vec<Batch>> {
+/// The model's tokenizer set up as the embedder uses it: truncated to `max_length`,
+/// padded to the longest text of each batch.
+pub fn batch_tokenizer(model_dir: &Path, max_length: usize) -> Result<Tokenizer> {
     let file = model_dir.join("tokenizer.json");
     let mut tok = Tokenizer::from_file(&file).map_err(|e| Error::Tokenizer(e.to_string()))?;
     tok.with_truncation(Some(TruncationParams {
@@ -56,6 +51,11 @@ pub fn tokenize(
         strategy: PaddingStrategy::BatchLongest,
         ..Default::default()
     }));
+    Ok(tok)
+}
+
+/// Tokenizes `texts` in batches of `batch_size` with a [`batch_tokenizer`].
+pub fn tokenize(tok: &Tokenizer, texts: &[String], batch_size: usize) -> Result<Vec<Batch>> {
     texts
         .chunks(batch_size.max(1))
         .map(|batch| {

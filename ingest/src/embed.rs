@@ -200,19 +200,6 @@ impl Embedder {
             .map_err(|e| Error::Embed(e.to_string()))
     }
 
-    /// Dense and BM25 vectors for documents (chunks).
-    pub fn embed_documents(&self, texts: &[&str]) -> Result<Vec<Embedding>> {
-        let dense = self.embed_dense(texts)?;
-        Ok(dense
-            .into_iter()
-            .zip(texts)
-            .map(|(dense, t)| Embedding {
-                dense,
-                sparse: self.embed_sparse_document(t),
-            })
-            .collect())
-    }
-
     /// The BM25 vector of a document (chunk) text; cheap, needs no model.
     pub fn embed_sparse_document(&self, text: &str) -> SparseVector {
         self.bm25.embed_document(text)

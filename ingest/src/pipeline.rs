@@ -160,8 +160,6 @@ impl Handoff {
 
     fn take(&self, i: usize) -> Result<Prepared> {
         let mut state = self.state.lock();
-        state.0 = i;
-        self.changed.notify_all();
         loop {
             if let Some(p) = state.1.remove(&i) {
                 state.0 = i + 1;
@@ -190,11 +188,7 @@ pub struct Ingestor {
 }
 
 impl Ingestor {
-    pub fn new(splitter: Splitter, embedder: Arc<Embedder>, store: Arc<Store>) -> Self {
-        Self::with_config(splitter, embedder, store, PipelineConfig::default())
-    }
-
-    pub fn with_config(
+    pub fn new(
         splitter: Splitter,
         embedder: Arc<Embedder>,
         store: Arc<Store>,

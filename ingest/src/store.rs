@@ -809,13 +809,9 @@ impl Store {
         self.journal_clear(version)
     }
 
-    /// Nearest chunks to a dense query vector, among published versions that pass `only`.
-    pub fn search_dense(
-        &self,
-        query: &[f32],
-        limit: usize,
-        only: &SearchFilter,
-    ) -> Result<Vec<Hit>> {
+    /// Nearest chunks to a dense query vector (for tests that have no sparse vector).
+    #[cfg(test)]
+    fn search_dense(&self, query: &[f32], limit: usize, only: &SearchFilter) -> Result<Vec<Hit>> {
         let q = Embedding {
             dense: query.to_vec(),
             sparse: Default::default(),
