@@ -6,7 +6,7 @@ Steps:
      channel, full 8-bit range), activations quantized at run time (uint8);
   2. verify it: mean-pooled, L2-normalised embeddings of SENTENCES (each alone, and all in one padded
      batch) must have cosine >= --min-cosine to the fp32 model's, and mean cosine >= --mean-cosine;
-  3. only then move it into place (os.replace), copy the tokenizer/config files the Rust loader needs
+  3. only then move it into place (export_minilm_onnx.atomic_write), copy the tokenizer/config files the Rust loader needs
      (each atomically) and write quantization.json (settings, checksums, measured cosines and timing).
 
 Settings, measured on AMD EPYC (AVX-512 VNNI), ORT 1.24.4, 2 threads, 20 sentences (min / mean cosine,
@@ -32,7 +32,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -42,11 +41,14 @@ import onnxruntime as ort
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from tokenizers import Tokenizer
 
+# The export step's helpers (same directory, same environment).
+from export_minilm_onnx import CheckFailed, atomic_write, encode, mean_pool_normalize, ort_session
+
 PER_CHANNEL = True
 REDUCE_RANGE = False
 MAX_TOKENS = 256        # truncation length, as in export_minilm_onnx.py and docent's embedder
 BENCH_SHAPE = (8, 202)  # timing batch: 8 texts x (200 tokens + [CLS]/[SEP])
-THREADS = 2
+THREADS = 2             # ort_session's intra-op threads
 # Copied next to the int8 model.onnx: with it, exactly the files docent's loader reads.
 COPIED = ["tokenizer.json", "config.json", "special_tokens_map.json", "tokenizer_config.json"]
 
@@ -76,10 +78,6 @@ SENTENCES = [
 ]
 
 
-class CheckFailed(Exception):
-    pass
-
-
 def sha256(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -88,31 +86,16 @@ def sha256(path):
     return h.hexdigest()
 
 
-def session(path):
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.inter_op_num_threads = THREADS, 1
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
-
-
-def encode(tok, texts):
-    encs = tok.encode_batch(texts)
-    arr = lambda key: np.array([getattr(e, key) for e in encs], dtype=np.int64)
-    return {"input_ids": arr("ids"), "attention_mask": arr("attention_mask"), "token_type_ids": arr("type_ids")}
-
-
-def embed(sess, feed):
-    h = sess.run(["last_hidden_state"], feed)[0]
-    m = feed["attention_mask"][..., None].astype(np.float32)
-    e = (h * m).sum(1) / np.maximum(m.sum(1), 1e-9)
-    return e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)
+def embed(run, feed):
+    """Mean-pooled, L2-normalised embeddings; `feed` is (ids, attention mask, type ids)."""
+    return mean_pool_normalize(run(*feed), feed[1])
 
 
 def cosines(fp32, int8, tok):
     """Cosine per sentence (int8 vs fp32): each sentence alone, and all of them in one padded batch."""
-    alone = [encode(tok, [s]) for s in SENTENCES]
+    alone = [encode(tok, [s], pad=False) for s in SENTENCES]
     a = np.concatenate([(embed(fp32, f) * embed(int8, f)).sum(1) for f in alone])
-    batch = encode(tok, SENTENCES)
+    batch = encode(tok, SENTENCES, pad=True)
     b = (embed(fp32, batch) * embed(int8, batch)).sum(1)
     return a, b
 
@@ -122,58 +105,22 @@ def bench_feed(tok):
     texts = [" ".join((SENTENCES[i:] + SENTENCES[:i]) * 3) for i in range(BENCH_SHAPE[0])]
     tok.enable_truncation(max_length=BENCH_SHAPE[1])
     try:
-        feed = encode(tok, texts)
+        feed = encode(tok, texts, pad=True)
     finally:
         tok.enable_truncation(max_length=MAX_TOKENS)
-    assert feed["input_ids"].shape == BENCH_SHAPE, feed["input_ids"].shape
+    assert feed[0].shape == BENCH_SHAPE, feed[0].shape
     return feed
 
 
-def median_ms(sess, feed, warmup=2, runs=5):
+def median_ms(run, feed, warmup=2, runs=5):
     for _ in range(warmup):
-        sess.run(None, feed)
+        run(*feed)
     times = []
     for _ in range(runs):
         t = time.perf_counter()
-        sess.run(None, feed)
+        run(*feed)
         times.append(time.perf_counter() - t)
     return 1000 * float(np.median(times))
-
-
-def mkstemp_near(path):
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=d)
-    os.close(fd)
-    return tmp
-
-
-def install(tmp, path):
-    """Give `tmp` normal permissions (mkstemp makes 0600) and move it to `path` atomically."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    os.replace(tmp, path)
-
-
-def atomic_copy(src, dst):
-    tmp = mkstemp_near(dst)
-    try:
-        shutil.copyfile(src, tmp)
-        install(tmp, dst)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def atomic_write_text(path, text):
-    tmp = mkstemp_near(path)
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-        install(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def main():
@@ -189,19 +136,14 @@ def main():
     out = os.path.join(args.out_dir, "model.onnx")
     os.makedirs(args.out_dir, exist_ok=True)
     tok = Tokenizer.from_file(os.path.join(args.src_dir, "tokenizer.json"))
-    tok.enable_truncation(max_length=MAX_TOKENS)                      # tokenizer.json says 128 ...
-    tok.enable_padding(pad_id=0, pad_type_id=0, pad_token="[PAD]")   # ... and pads to 128: pad to longest
+    tok.enable_truncation(max_length=MAX_TOKENS)  # tokenizer.json says 128 (encode sets the padding)
+    session = lambda path: ort_session(path, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    fp32 = session(src)
+    measured = {}
 
-    tmp = mkstemp_near(out)
-    try:
-        # The quantizer warns that the model was not pre-processed: measured, it makes no difference here.
-        logging.getLogger().setLevel(logging.ERROR)
-        quantize_dynamic(src, tmp, per_channel=PER_CHANNEL, reduce_range=REDUCE_RANGE,
-                         weight_type=QuantType.QInt8)
-        print(f"quantized {src} ({os.path.getsize(src) / 1e6:.1f} MB) -> int8 "
-              f"({os.path.getsize(tmp) / 1e6:.1f} MB), per_channel={PER_CHANNEL} reduce_range={REDUCE_RANGE}")
-
-        fp32, int8 = session(src), session(tmp)
+    def verify(candidate):
+        """Raises CheckFailed unless the quantized model at `candidate` stays close to fp32."""
+        int8 = session(candidate)
         alone, batched = cosines(fp32, int8, tok)
         both = np.concatenate([alone, batched])
         worst = SENTENCES[int(np.argmin(alone))]
@@ -210,22 +152,30 @@ def main():
         if not (np.isfinite(both).all() and both.min() >= args.min_cosine and both.mean() >= args.mean_cosine):
             raise CheckFailed(f"int8 embeddings too far from fp32: min cosine {both.min():.4f} "
                               f"(need >= {args.min_cosine}), mean {both.mean():.4f} (need >= {args.mean_cosine})")
-
         feed = bench_feed(tok)
         ms32, ms8 = median_ms(fp32, feed), median_ms(int8, feed)
         print(f"timing, batch {BENCH_SHAPE[0]}x{BENCH_SHAPE[1]} tokens, {THREADS} threads (median of 5): "
               f"fp32 {ms32:.0f} ms, int8 {ms8:.0f} ms ({ms32 / ms8:.2f}x)")
         if ms8 > ms32:
             print("WARNING: int8 is slower than fp32 on this CPU (no AVX-512 VNNI / AVX-VNNI?)")
-        del fp32, int8
-        install(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        measured.update(both=both, ms32=ms32, ms8=ms8)
+
+    with tempfile.TemporaryDirectory(dir=args.out_dir) as work:
+        quantized = os.path.join(work, "model.onnx")
+        # The quantizer warns that the model was not pre-processed: measured, it makes no difference here.
+        logging.getLogger().setLevel(logging.ERROR)
+        quantize_dynamic(src, quantized, per_channel=PER_CHANNEL, reduce_range=REDUCE_RANGE,
+                         weight_type=QuantType.QInt8)
+        print(f"quantized {src} ({os.path.getsize(src) / 1e6:.1f} MB) -> int8 "
+              f"({os.path.getsize(quantized) / 1e6:.1f} MB), per_channel={PER_CHANNEL} reduce_range={REDUCE_RANGE}")
+        with open(quantized, "rb") as f:
+            atomic_write(out, f.read(), check=verify)
     print(f"wrote {out}")
 
     for name in COPIED:
-        atomic_copy(os.path.join(args.src_dir, name), os.path.join(args.out_dir, name))
+        with open(os.path.join(args.src_dir, name), "rb") as f:
+            atomic_write(os.path.join(args.out_dir, name), f.read())
+    both, ms32, ms8 = measured["both"], measured["ms32"], measured["ms8"]
     record = {
         "source_model_sha256": sha256(src),
         "model_sha256": sha256(out),
@@ -235,7 +185,7 @@ def main():
                            "min_threshold": args.min_cosine, "mean_threshold": args.mean_cosine},
         "timing_ms": {"batch": list(BENCH_SHAPE), "threads": THREADS, "fp32": round(ms32, 1), "int8": round(ms8, 1)},
     }
-    atomic_write_text(os.path.join(args.out_dir, "quantization.json"), json.dumps(record, indent=1) + "\n")
+    atomic_write(os.path.join(args.out_dir, "quantization.json"), (json.dumps(record, indent=1) + "\n").encode())
     print(f"wrote {', '.join(COPIED)} and quantization.json; done in {time.time() - t0:.1f} s")
 
 

@@ -105,11 +105,13 @@ if [ ! -f "$minilm/model.onnx" ] || [ ! -f "$minilm/reference.json" ] || [ "$(ca
 fi
 
 # int8 variant (quantized, checked against fp32, written atomically by the script) unless done for
-# these inputs: the stamp holds the sha256 of the source files and of the script.
+# these inputs: the stamp holds the sha256 of the source files and of the scripts (the quantizer
+# uses the export script's helpers).
 int8=$models/all-MiniLM-L6-v2-int8
 int8_stamp=$int8/.quantize-sha256
 int8_want=$({ (cd "$minilm" && sha256sum model.onnx tokenizer.json config.json special_tokens_map.json \
-                tokenizer_config.json); sha256sum <"$root/scripts/quantize_minilm_int8.py"; } | sha256sum | cut -d' ' -f1)
+                tokenizer_config.json); cat "$root/scripts/quantize_minilm_int8.py" \
+                "$root/scripts/export_minilm_onnx.py" | sha256sum; } | sha256sum | cut -d' ' -f1)
 int8_have=yes
 for f in model.onnx tokenizer.json config.json special_tokens_map.json tokenizer_config.json; do
   [ -f "$int8/$f" ] || int8_have=no
