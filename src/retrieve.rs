@@ -1,11 +1,12 @@
 //! Stage **retrieve**: embeds the question with the ingest pipeline's embedder and searches
 //! its store. Nothing here re-implements either.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
 use docent_ingest::embed::Embedder;
-use docent_ingest::store::{Fusion, Hit, SearchFilter, SearchMode, Store};
+use docent_ingest::store::{point_id, Fusion, Hit, SearchFilter, SearchMode, Span, Store};
 use serde::Serialize;
 
 /// The embedder and the store, opened once and shared by ingest and query.
@@ -24,7 +25,7 @@ pub struct Index {
 pub struct Scores {
     pub dense: Option<f32>,
     pub sparse: Option<f32>,
-    /// Reciprocal rank fusion of both (hybrid mode only).
+    /// The fused score (hybrid mode only).
     pub fused: Option<f32>,
 }
 
@@ -75,14 +76,19 @@ impl Index {
         hits: &[Hit],
         only: &SearchFilter,
     ) -> docent_ingest::Result<Option<f32>> {
-        if mode == SearchMode::Dense {
+        if mode == SearchMode::Dense && self.fusion.mmr_lambda.is_none() {
             return Ok(hits.first().map(|h| h.score));
         }
+        // MMR scores are not similarities: ask the plain dense ranking
+        let plain = Fusion {
+            mmr_lambda: None,
+            ..self.fusion
+        };
         Ok(self
             .store
-            .search(query, SearchMode::Dense, &self.fusion, 1, only)?
+            .search_scores(query, SearchMode::Dense, &plain, 1, only)?
             .first()
-            .map(|h| h.score))
+            .map(|h| h.1))
     }
 
     /// [`Self::retrieve_with`], plus each hit's dense and sparse score (from the same
@@ -97,20 +103,21 @@ impl Index {
         let started = Instant::now();
         let query = self.embedder.embed_query(question)?;
         let hits = self.store.search(&query, mode, &self.fusion, top_k, only)?;
+        // the candidate lists the fusion saw, by point id, without payloads: cheap
         let depth = top_k.max(1) * self.fusion.candidates.max(1);
+        let plain = Fusion {
+            mmr_lambda: None,
+            ..self.fusion
+        };
         let dense = self
             .store
-            .search(&query, SearchMode::Dense, &self.fusion, depth, only)?;
+            .search_scores(&query, SearchMode::Dense, &plain, depth, only)?;
         let sparse = self
             .store
-            .search(&query, SearchMode::Sparse, &self.fusion, depth, only)?;
-        let score_in = |list: &[Hit], h: &Hit| {
-            list.iter()
-                .find(|c| {
-                    c.payload.document_id == h.payload.document_id
-                        && c.payload.chunk_index == h.payload.chunk_index
-                })
-                .map(|c| c.score)
+            .search_scores(&query, SearchMode::Sparse, &plain, depth, only)?;
+        let score_in = |list: &[(u64, f32)], h: &Hit| {
+            let id = point_id(&h.payload.document_id, h.payload.chunk_index);
+            list.iter().find(|c| c.0 == id).map(|c| c.1)
         };
         let scores = hits
             .iter()
@@ -121,7 +128,7 @@ impl Index {
             })
             .collect();
         // the dense candidates are best first: the refusal signal needs no extra search
-        let best_dense = dense.first().map(|h| h.score);
+        let best_dense = dense.first().map(|h| h.1);
         Ok((
             Retrieved {
                 hits,
@@ -130,5 +137,118 @@ impl Index {
             },
             scores,
         ))
+    }
+
+    /// Neighbour expansion: joins up to `n` chunks before and after each hit (same
+    /// document) into the hit's text and span, so the prompt sees the passage around
+    /// it. A neighbour that is a hit itself, or already joined to a better hit, is left
+    /// there (no text twice). Blocking: reads the neighbours from the store.
+    pub fn expand(&self, hits: &mut [Hit], n: usize) -> docent_ingest::Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let mut taken: HashSet<(String, usize)> = hits
+            .iter()
+            .map(|h| (h.payload.document_id.clone(), h.payload.chunk_index))
+            .collect();
+        for h in hits.iter_mut() {
+            let (doc, i) = (h.payload.document_id.clone(), h.payload.chunk_index);
+            let mut take = |j: usize| -> docent_ingest::Result<Option<_>> {
+                if !taken.insert((doc.clone(), j)) {
+                    return Ok(None);
+                }
+                self.store.chunk(&doc, j)
+            };
+            let mut before = Vec::new();
+            for j in (i.saturating_sub(n)..i).rev() {
+                match take(j)? {
+                    Some(c) => before.push(c),
+                    None => break,
+                }
+            }
+            before.reverse();
+            let mut after = Vec::new();
+            for j in i + 1..=i + n {
+                match take(j)? {
+                    Some(c) => after.push(c),
+                    None => break,
+                }
+            }
+            if before.is_empty() && after.is_empty() {
+                continue;
+            }
+            let parts: Vec<(&str, Span)> = before
+                .iter()
+                .map(|c| (c.text.as_str(), c.span))
+                .chain([(h.payload.text.as_str(), h.payload.span)])
+                .chain(after.iter().map(|c| (c.text.as_str(), c.span)))
+                .collect();
+            let (text, span) = join_spans(&parts);
+            h.payload.text = text;
+            h.payload.span = span;
+        }
+        Ok(())
+    }
+}
+
+/// Joins consecutive chunks of one document, in order. Each text is the document's bytes
+/// at its span, so overlapping bytes are dropped by offset; a gap between two chunks
+/// (whitespace the splitter trimmed) becomes one newline. Returns the text and the span
+/// from the first chunk's start to the last one's end.
+pub fn join_spans(parts: &[(&str, Span)]) -> (String, Span) {
+    let Some(first) = parts.first() else {
+        return (String::new(), Span::default());
+    };
+    let mut text = String::new();
+    let mut end = first.1.start;
+    for (i, (t, s)) in parts.iter().enumerate() {
+        if i > 0 && s.end <= end {
+            continue; // inside what is joined already
+        }
+        if i == 0 || s.start >= end {
+            if i > 0 {
+                text.push('\n');
+            }
+            text.push_str(t);
+        } else {
+            match t.get(end - s.start..) {
+                Some(rest) => text.push_str(rest),
+                None => {
+                    text.push('\n');
+                    text.push_str(t);
+                }
+            }
+        }
+        end = end.max(s.end);
+    }
+    (
+        text,
+        Span {
+            start: first.1.start,
+            end,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(doc: &str, start: usize, end: usize) -> (&str, Span) {
+        (&doc[start..end], Span { start, end })
+    }
+
+    #[test]
+    fn joined_chunks_are_the_document_text_without_repeats() {
+        let doc = "Alpha beta gamma.\n\nDelta epsilon zeta. Eta theta.";
+        // overlapping: "gamma." is in both
+        let (text, span) = join_spans(&[part(doc, 0, 17), part(doc, 11, 37)]);
+        assert_eq!(text, &doc[..37]);
+        assert_eq!(span, Span { start: 0, end: 37 });
+        // a gap of trimmed whitespace becomes one newline; a chunk inside is skipped
+        let (text, span) = join_spans(&[part(doc, 0, 17), part(doc, 6, 10), part(doc, 19, 49)]);
+        assert_eq!(text, "Alpha beta gamma.\nDelta epsilon zeta. Eta theta.");
+        assert_eq!(span, Span { start: 0, end: 49 });
+        assert_eq!(join_spans(&[]), (String::new(), Span::default()));
     }
 }

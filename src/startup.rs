@@ -43,6 +43,15 @@ pub fn open_index(config: &Config) -> anyhow::Result<Index> {
 
 /// The ingest pipeline over an open index.
 pub fn ingestor(config: &Config, index: &Index) -> anyhow::Result<Ingestor> {
+    ingestor_with(config, index, config.ingest.pipeline())
+}
+
+/// [`ingestor`] with other pipeline settings.
+pub fn ingestor_with(
+    config: &Config,
+    index: &Index,
+    pipeline: docent_ingest::pipeline::PipelineConfig,
+) -> anyhow::Result<Ingestor> {
     let splitter = Splitter::new(
         index.embedder.sizing_tokenizer(),
         config.chunking.max_tokens,
@@ -53,7 +62,7 @@ pub fn ingestor(config: &Config, index: &Index) -> anyhow::Result<Ingestor> {
         splitter,
         index.embedder.clone(),
         index.store.clone(),
-        config.ingest.pipeline(),
+        pipeline,
     ))
 }
 

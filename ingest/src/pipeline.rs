@@ -101,6 +101,10 @@ pub struct PipelineConfig {
     /// The store is made durable after this many chunks of a long document, so the
     /// write-ahead log of one big document does not grow without bound.
     pub flush_every: usize,
+    /// After a run that wrote chunks, build the vector indexes (HNSW) of segments that
+    /// grew large enough ([`Store::optimize`]); off when a caller batches many runs and
+    /// optimizes once at the end.
+    pub optimize: bool,
 }
 
 impl Default for PipelineConfig {
@@ -110,6 +114,7 @@ impl Default for PipelineConfig {
             queue_depth: 2,
             write_queue: 4,
             flush_every: 4096,
+            optimize: true,
         }
     }
 }
@@ -312,6 +317,20 @@ impl Ingestor {
             }
         });
         self.store.flush();
+        let wrote = results
+            .iter()
+            .any(|r| matches!(r, Ok(Outcome::Ingested { .. })));
+        if self.config.optimize && wrote {
+            let started = std::time::Instant::now();
+            match self.store.optimize() {
+                Ok(changed) => debug!(
+                    changed,
+                    seconds = started.elapsed().as_secs_f64(),
+                    "optimized the index"
+                ),
+                Err(e) => warn!(error = %e, "could not optimize the index (search stays exact)"),
+            }
+        }
         results
     }
 

@@ -14,7 +14,7 @@ use qdrant_edge::external::ordered_float::OrderedFloat;
 use qdrant_edge::{
     Condition, CountRequest, CreateIndex, Distance, EdgeConfig, EdgeShard, EdgeSparseVectorParams,
     EdgeVectorParams, FacetRequest, FacetValue, FieldCondition, FieldIndexOperations, Filter,
-    JsonPath, Match, Modifier, NamedQuery, Payload, PayloadFieldSchema, PayloadOps,
+    JsonPath, Match, Mmr, Modifier, NamedQuery, Payload, PayloadFieldSchema, PayloadOps,
     PayloadSchemaType, PointId, PointInsertOperations, PointOperations, PointStruct, Prefetch,
     QueryEnum, QueryRequest, ScoringQuery, ScrollRequest, SetPayloadOp, UpdateOperation,
     ValueVariants, Vector, VectorInternal, Vectors, WithPayloadInterface, WithVector,
@@ -177,8 +177,8 @@ pub enum FusionMethod {
     Dbsf,
 }
 
-/// How hybrid search fuses its two rankings: weighted reciprocal rank fusion, each
-/// ranking contributing `weight / (k + position)` (Qdrant's formula).
+/// How the final ranking is formed: how hybrid search fuses its two rankings, and
+/// whether maximal marginal relevance then diversifies the list.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Fusion {
@@ -193,6 +193,12 @@ pub struct Fusion {
     /// Each ranking contributes its top `limit × candidates`.
     #[serde(default = "default_candidates")]
     pub candidates: usize,
+    /// Maximal marginal relevance over the final `limit × candidates` candidates (any
+    /// mode): each next chunk maximises `λ·sim(question) − (1−λ)·max sim(chosen chunk)`
+    /// on dense vectors, so near-duplicates give way to other content. 1 = relevance only;
+    /// absent = off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mmr_lambda: Option<f32>,
 }
 
 fn default_candidates() -> usize {
@@ -207,6 +213,7 @@ impl Default for Fusion {
             dense_weight: 1.0,
             sparse_weight: 1.0,
             candidates: default_candidates(),
+            mmr_lambda: None,
         }
     }
 }
@@ -831,6 +838,48 @@ impl Store {
         limit: usize,
         only: &SearchFilter,
     ) -> Result<Vec<Hit>> {
+        self.query(query, mode, fusion, limit, only, true)?
+            .into_iter()
+            .map(|p| {
+                let payload = p
+                    .payload
+                    .ok_or_else(|| Error::Store("point without payload".into()))?;
+                Ok(Hit {
+                    payload: parse_payload(payload)?,
+                    score: p.score,
+                })
+            })
+            .collect()
+    }
+
+    /// [`Self::search`] without the payloads: point ids (see [`point_id`]) and scores,
+    /// best first. Cheaper when only the scores are needed.
+    pub fn search_scores(
+        &self,
+        query: &Embedding,
+        mode: SearchMode,
+        fusion: &Fusion,
+        limit: usize,
+        only: &SearchFilter,
+    ) -> Result<Vec<(u64, f32)>> {
+        self.query(query, mode, fusion, limit, only, false)?
+            .into_iter()
+            .map(|p| match p.id {
+                PointId::NumId(id) => Ok((id, p.score)),
+                PointId::Uuid(u) => Err(Error::Store(format!("unexpected point id {u}"))),
+            })
+            .collect()
+    }
+
+    fn query(
+        &self,
+        query: &Embedding,
+        mode: SearchMode,
+        fusion: &Fusion,
+        limit: usize,
+        only: &SearchFilter,
+        with_payload: bool,
+    ) -> Result<Vec<qdrant_edge::ScoredPoint>> {
         let hidden = self.hidden.read();
         let mut must = Vec::new();
         if let Some(c) = &only.collection {
@@ -869,7 +918,7 @@ impl Store {
             filter: None,
             score_threshold: None,
         };
-        let (prefetches, scoring) = match mode {
+        let (mut prefetches, mut scoring) = match mode {
             SearchMode::Dense => (vec![], dense()),
             SearchMode::Sparse => (vec![], sparse()),
             SearchMode::Hybrid => (
@@ -886,6 +935,24 @@ impl Store {
                 }),
             ),
         };
+        if let Some(lambda) = fusion.mmr_lambda {
+            // the ranking becomes the candidate pool MMR picks `limit` chunks from
+            let pool = limit.max(1) * fusion.candidates.max(1);
+            prefetches = vec![Prefetch {
+                prefetches,
+                query: Some(scoring),
+                limit: pool,
+                params: None,
+                filter: None,
+                score_threshold: None,
+            }];
+            scoring = ScoringQuery::Mmr(Mmr {
+                vector: VectorInternal::from(query.dense.clone()),
+                using: DENSE.into(),
+                lambda: OrderedFloat(lambda),
+                candidates_limit: pool,
+            });
+        }
         let request = QueryRequest {
             prefetches,
             query: Some(scoring),
@@ -895,22 +962,19 @@ impl Store {
             offset: 0,
             params: None,
             with_vector: WithVector::Bool(false),
-            with_payload: WithPayloadInterface::Bool(true),
+            with_payload: WithPayloadInterface::Bool(with_payload),
         };
         let points = self.shard.query(request).map_err(store_err)?;
         drop(hidden);
-        points
-            .into_iter()
-            .map(|p| {
-                let payload = p
-                    .payload
-                    .ok_or_else(|| Error::Store("point without payload".into()))?;
-                Ok(Hit {
-                    payload: parse_payload(payload)?,
-                    score: p.score,
-                })
-            })
-            .collect()
+        Ok(points)
+    }
+
+    /// Builds the vector indexes (HNSW) of segments large enough to need one and merges
+    /// small segments; until then search is exact over the unindexed segments. Blocking,
+    /// seconds for large indexes; searches and writes go on meanwhile. Returns whether
+    /// anything changed.
+    pub fn optimize(&self) -> Result<bool> {
+        self.shard.optimize().map_err(store_err)
     }
 
     /// Published documents passing `only` (its `document_ids` are ignored), sorted by id;
@@ -1442,5 +1506,61 @@ mod tests {
         };
         assert_eq!(top(10.0, 1.0), "d");
         assert_eq!(top(1.0, 10.0), "b");
+    }
+
+    #[test]
+    fn mmr_gives_way_to_other_content_and_scores_come_without_payloads() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path(), 3, "m").unwrap();
+        // three near-duplicates right on the question, one different chunk a bit further
+        let mut points: Vec<_> = (0..3)
+            .map(|i| {
+                let doc = format!("dup{i}");
+                (
+                    payload(&doc, 0, &format!("/{doc}")),
+                    emb([1.0, 0.01 * i as f32, 0.0]),
+                )
+            })
+            .collect();
+        points.push((payload("other", 0, "/other"), emb([0.6, 0.0, 0.8])));
+        s.upsert(points).unwrap();
+        let q = emb([1.0, 0.0, 0.1]);
+        let docs = |f: &Fusion| -> Vec<String> {
+            s.search(&q, SearchMode::Dense, f, 2, &SearchFilter::default())
+                .unwrap()
+                .into_iter()
+                .map(|h| h.payload.document_id)
+                .collect()
+        };
+        let plain = Fusion::default();
+        assert_eq!(docs(&plain), ["dup0", "dup1"]);
+        let diverse = Fusion {
+            mmr_lambda: Some(0.5),
+            ..Default::default()
+        };
+        assert_eq!(docs(&diverse), ["dup0", "other"]);
+        // λ = 1: relevance only, the same list as without MMR
+        let relevance = Fusion {
+            mmr_lambda: Some(1.0),
+            ..Default::default()
+        };
+        assert_eq!(docs(&relevance), ["dup0", "dup1"]);
+
+        let scored = s
+            .search_scores(&q, SearchMode::Dense, &plain, 2, &SearchFilter::default())
+            .unwrap();
+        let hits = s
+            .search(&q, SearchMode::Dense, &plain, 2, &SearchFilter::default())
+            .unwrap();
+        let expected: Vec<(u64, f32)> = hits
+            .iter()
+            .map(|h| {
+                (
+                    point_id(&h.payload.document_id, h.payload.chunk_index),
+                    h.score,
+                )
+            })
+            .collect();
+        assert_eq!(scored, expected);
     }
 }

@@ -458,7 +458,34 @@ async fn search_returns_chunks_with_dense_sparse_and_fused_scores() {
             assert!(h["scores"]["fused"].is_null());
         }
     }
+    // neighbour expansion: the same hit, joined with the chunks around it
+    let top = |neighbors: u64| {
+        let body = json!({"question": "How do I install rustup on Linux?",
+                          "retrieval": {"top_k": 1, "neighbors": neighbors}});
+        let req = search(body);
+        async move {
+            let v: Value = req.await.unwrap().json().await.unwrap();
+            v["hits"][0].clone()
+        }
+    };
+    let (plain, wide) = (top(0).await, top(1).await);
+    assert_eq!(plain["chunk_index"], wide["chunk_index"]);
+    let (p, w) = (&plain["span"], &wide["span"]);
+    assert!(w["start"].as_u64() <= p["start"].as_u64(), "{plain} {wide}");
+    assert!(w["end"].as_u64() >= p["end"].as_u64(), "{plain} {wide}");
+    let (pt, wt) = (
+        plain["text"].as_str().unwrap(),
+        wide["text"].as_str().unwrap(),
+    );
+    assert!(wt.len() > pt.len() && wt.contains(pt), "{plain} {wide}");
     // the query path's checks apply
+    expect_error(
+        c.post(&url)
+            .json(&json!({"question": "x", "retrieval": {"neighbors": 9}})),
+        422,
+        "invalid_request",
+    )
+    .await;
     expect_error(
         c.post(&url)
             .json(&json!({"question": "x", "retrieval": {"mode": "fuzzy"}})),

@@ -3,6 +3,7 @@
 //! random port. One test binary (link time); needs `make setup` (the models) and `../shared`.
 
 mod api;
+mod bench;
 mod cli;
 mod crash;
 mod embedding;

@@ -11,6 +11,7 @@ use docent_ingest::load;
 use docent_ingest::pipeline::Silent;
 use serde::Serialize;
 
+use super::{Peer, RemoveOnDrop};
 use crate::config::Config;
 use crate::startup;
 
@@ -50,12 +51,6 @@ pub struct IngestBench {
     /// Loading and splitting alone, one thread (part of docent's end-to-end work).
     pub split_seconds: f64,
     pub rows: Vec<Row>,
-}
-
-/// Where the Python peer runs, if wanted.
-pub struct Peer {
-    pub python: PathBuf,
-    pub script: PathBuf,
 }
 
 /// Runs the three measurements. The index is built in a temporary directory that is
@@ -230,13 +225,5 @@ impl std::fmt::Display for IngestBench {
             writeln!(f)?;
         }
         Ok(())
-    }
-}
-
-/// Removes a temporary directory when dropped.
-pub(crate) struct RemoveOnDrop(pub(crate) PathBuf);
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }

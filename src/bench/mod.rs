@@ -1,0 +1,26 @@
+//! `docent bench`: measurements that print numbers side by side with a limit or a peer.
+//!
+//! - [`ingest`]: end-to-end ingest throughput vs a bare ONNX Runtime session and a Python peer.
+//! - [`query`]: retrieval latency and throughput over HTTP vs a Python peer service.
+
+mod http;
+mod ingest;
+pub mod query;
+
+use std::path::PathBuf;
+
+pub use ingest::{ingest, IngestBench, Row};
+
+/// Where a Python peer runs, if wanted.
+pub struct Peer {
+    pub python: PathBuf,
+    pub script: PathBuf,
+}
+
+/// Removes a temporary directory when dropped.
+pub(crate) struct RemoveOnDrop(pub(crate) PathBuf);
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

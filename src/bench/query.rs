@@ -1,0 +1,577 @@
+//! `docent bench query`: retrieval (query embedding + hybrid search) through `POST
+//! /v1/search` over HTTP: p50/p99 latency and throughput at several client counts and index
+//! sizes, side by side in the same run with a Python peer service doing the same job
+//! (FastAPI + uvicorn, the same ONNX model through onnxruntime + tokenizers, and
+//! qdrant-edge-py: the Python binding of the same Qdrant engine version, opening the very
+//! same index files).
+//!
+//! Indexes are built once per size from the corpus (files in the order given, sorted
+//! within each directory, until the size is reached) through the real ingest pipeline and
+//! cached; a later run reuses them. Each server runs as its own process, one at a time;
+//! the load generator (one thread and one keep-alive connection per client) is the same
+//! for both.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use docent_ingest::load;
+use docent_ingest::pipeline::{Input, PipelineConfig, Silent};
+use docent_ingest::store::FusionMethod;
+use serde::{Deserialize, Serialize};
+
+use super::http::Connection;
+use super::Peer;
+use crate::config::Config;
+use crate::startup;
+
+/// What to measure.
+pub struct Options {
+    /// The docent executable the server runs from.
+    pub docent: PathBuf,
+    pub corpus: Vec<PathBuf>,
+    /// Index sizes in chunks (each reached approximately: whole files are added).
+    pub sizes: Vec<usize>,
+    pub clients: Vec<usize>,
+    pub warmup: Duration,
+    pub duration: Duration,
+    pub top_k: usize,
+    /// BEIR `queries.jsonl`: the questions, cycled.
+    pub queries: PathBuf,
+    /// Where the indexes are kept between runs.
+    pub cache: PathBuf,
+    pub peer: Option<Peer>,
+    /// Questions whose top hit is compared between docent and the peer.
+    pub compare: usize,
+}
+
+/// One cell of the table.
+#[derive(Debug, Clone, Serialize)]
+pub struct Measurement {
+    pub server: String,
+    pub chunks: usize,
+    pub clients: usize,
+    pub requests: usize,
+    pub seconds: f64,
+    pub requests_per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub mean_ms: f64,
+}
+
+/// An index the measurements ran on.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct IndexInfo {
+    pub target: usize,
+    pub chunks: usize,
+    pub files: usize,
+    pub bytes: u64,
+    pub corpus: Vec<PathBuf>,
+    pub chunking: (usize, usize),
+    pub model_dir: PathBuf,
+    /// Seconds it took to build (ingest + optimize), when it was built.
+    pub build_seconds: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct QueryBench {
+    pub top_k: usize,
+    pub mode: &'static str,
+    pub fusion: String,
+    pub threads: usize,
+    pub warmup_s: f64,
+    pub duration_s: f64,
+    pub indexes: Vec<IndexInfo>,
+    pub rows: Vec<Measurement>,
+    /// Per index size: (questions compared, same top hit in docent and the peer).
+    pub agreement: Vec<(usize, usize, usize)>,
+}
+
+const DOCENT: &str = "docent";
+const PEER: &str = "python peer";
+
+/// Builds (or reuses) the indexes and runs every measurement.
+pub fn run(config: &Config, opts: &Options) -> anyhow::Result<QueryBench> {
+    anyhow::ensure!(!opts.sizes.is_empty(), "--sizes is empty");
+    anyhow::ensure!(
+        opts.clients.iter().all(|&c| c > 0),
+        "--clients must be positive"
+    );
+    let questions = read_queries(&opts.queries)?;
+    let bodies: Vec<Vec<u8>> = questions
+        .iter()
+        .map(|q| {
+            serde_json::to_vec(&serde_json::json!({
+                "question": q,
+                "retrieval": {"top_k": opts.top_k, "mode": "hybrid"},
+            }))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut report = QueryBench {
+        top_k: opts.top_k,
+        mode: "hybrid",
+        fusion: format!(
+            "{:?} over {}x candidates",
+            config.retrieval.fusion.method, config.retrieval.fusion.candidates
+        ),
+        threads: config.embedding.threads,
+        warmup_s: opts.warmup.as_secs_f64(),
+        duration_s: opts.duration.as_secs_f64(),
+        indexes: Vec::new(),
+        rows: Vec::new(),
+        agreement: Vec::new(),
+    };
+    for &size in &opts.sizes {
+        let (dir, info) = index_for(config, opts, size)?;
+        eprintln!(
+            "bench: index of {} chunks ({} files) at {}",
+            info.chunks,
+            info.files,
+            dir.display()
+        );
+        let mut top_hits = Vec::new();
+        for server in [Some(DOCENT), opts.peer.as_ref().map(|_| PEER)]
+            .into_iter()
+            .flatten()
+        {
+            let child = if server == DOCENT {
+                start_docent(config, opts, &dir)?
+            } else {
+                let peer = opts.peer.as_ref().context("no peer")?;
+                start_peer(config, peer, &dir)?
+            };
+            top_hits.push(top_hits_of(
+                child.addr,
+                &bodies[..opts.compare.min(bodies.len())],
+            )?);
+            for &clients in &opts.clients {
+                let m = measure(child.addr, &bodies, clients, opts.warmup, opts.duration)?;
+                eprintln!(
+                    "bench: {server:<12} {:>7} chunks {clients:>3} clients: p50 {:.2} ms, p99 {:.2} ms, {:.1} req/s",
+                    info.chunks, m.p50, m.p99, m.per_s
+                );
+                report.rows.push(Measurement {
+                    server: server.into(),
+                    chunks: info.chunks,
+                    clients,
+                    requests: m.requests,
+                    seconds: m.seconds,
+                    requests_per_s: m.per_s,
+                    p50_ms: m.p50,
+                    p99_ms: m.p99,
+                    mean_ms: m.mean,
+                });
+            }
+            drop(child);
+        }
+        if let [a, b] = top_hits.as_slice() {
+            let same = a.iter().zip(b).filter(|(x, y)| x == y).count();
+            report.agreement.push((info.chunks, a.len(), same));
+        }
+        report.indexes.push(info);
+    }
+    Ok(report)
+}
+
+fn read_queries(path: &Path) -> anyhow::Result<Vec<String>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the questions {}", path.display()))?;
+    let mut out = Vec::new();
+    for (n, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("{} line {}: not JSON", path.display(), n + 1))?;
+        let q = v["text"]
+            .as_str()
+            .with_context(|| format!("{} line {}: no \"text\" field", path.display(), n + 1))?;
+        out.push(q.to_string());
+    }
+    anyhow::ensure!(!out.is_empty(), "{} holds no questions", path.display());
+    Ok(out)
+}
+
+/// The cached index of about `size` chunks, built if missing or made differently.
+fn index_for(config: &Config, opts: &Options, size: usize) -> anyhow::Result<(PathBuf, IndexInfo)> {
+    let model = config
+        .embedding
+        .model_dir
+        .file_name()
+        .map_or("model".into(), |n| n.to_string_lossy().to_string());
+    let chunking = (config.chunking.max_tokens, config.chunking.overlap);
+    let dir = opts.cache.join(format!(
+        "query-{size}-{}x{}-{model}",
+        chunking.0, chunking.1
+    ));
+    let marker = dir.join("bench-index.json");
+    let corpus: Vec<PathBuf> = opts
+        .corpus
+        .iter()
+        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
+        .collect();
+    if let Ok(text) = std::fs::read_to_string(&marker) {
+        if let Ok(info) = serde_json::from_str::<IndexInfo>(&text) {
+            if info.corpus == corpus
+                && info.target == size
+                && info.chunking == chunking
+                && info.model_dir == config.embedding.model_dir
+            {
+                return Ok((dir, info));
+            }
+        }
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    let found = load::discover(&corpus)?;
+    anyhow::ensure!(
+        !found.files.is_empty(),
+        "no supported files under {corpus:?}"
+    );
+    let mut config = config.clone();
+    config.data_dir = dir.clone();
+    let index = startup::open_index(&config)?;
+    let ingestor = startup::ingestor_with(
+        &config,
+        &index,
+        PipelineConfig {
+            optimize: false,
+            ..config.ingest.pipeline()
+        },
+    )?;
+    let started = Instant::now();
+    let (mut files, mut bytes) = (0, 0u64);
+    for batch in found.files.chunks(32) {
+        let chunks = index.store.len()?;
+        if chunks >= size {
+            break;
+        }
+        eprintln!(
+            "bench: building the {size}-chunk index: {chunks} chunks from {files} files, {:.0} s",
+            started.elapsed().as_secs_f64()
+        );
+        let results = ingestor.ingest(batch.iter().cloned().map(Input::File).collect(), &Silent);
+        for (f, r) in batch.iter().zip(results) {
+            if r.is_ok() {
+                files += 1;
+                bytes += std::fs::metadata(f).map_or(0, |m| m.len());
+            }
+        }
+    }
+    eprintln!("bench: building the vector index (HNSW)");
+    index.store.optimize()?;
+    let chunks = index.store.len()?;
+    anyhow::ensure!(
+        chunks * 10 >= size * 9,
+        "the corpus gives only {chunks} chunks, fewer than {size}: pass more --corpus directories or smaller --sizes"
+    );
+    let info = IndexInfo {
+        target: size,
+        chunks,
+        files,
+        bytes,
+        corpus,
+        chunking,
+        model_dir: config.embedding.model_dir.clone(),
+        build_seconds: started.elapsed().as_secs_f64(),
+    };
+    drop(ingestor);
+    drop(index);
+    std::fs::write(&marker, serde_json::to_vec_pretty(&info)?)?;
+    Ok((dir, info))
+}
+
+/// A server process, killed when dropped.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_addr() -> anyhow::Result<SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+fn start_docent(config: &Config, opts: &Options, dir: &Path) -> anyhow::Result<Server> {
+    let addr = free_addr()?;
+    // the server runs on exactly this configuration (DOCENT_* variables are cleared so
+    // they cannot override it differently than they did here)
+    let mut config = config.clone();
+    config.data_dir = dir.to_path_buf();
+    config.server.bind = addr.to_string();
+    let file = dir.join("bench-serve.toml");
+    std::fs::write(&file, toml::to_string(&config)?)?;
+    let mut cmd = Command::new(&opts.docent);
+    cmd.arg("--config").arg(&file).arg("serve");
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("DOCENT_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("RUST_LOG", "warn");
+    wait_ready(spawn(cmd, "docent serve")?, addr)
+}
+
+fn start_peer(config: &Config, peer: &Peer, dir: &Path) -> anyhow::Result<Server> {
+    let addr = free_addr()?;
+    let f = &config.retrieval.fusion;
+    let mut cmd = Command::new(&peer.python);
+    cmd.arg(&peer.script)
+        .arg("--shard")
+        .arg(dir.join("qdrant"))
+        .arg("--model-dir")
+        .arg(&config.embedding.model_dir)
+        .args(["--threads", &config.embedding.threads.to_string()])
+        .args(["--max-length", &config.embedding.max_length.to_string()])
+        .args(["--port", &addr.port().to_string()])
+        .args(["--candidates", &f.candidates.to_string()])
+        .args([
+            "--fusion",
+            match f.method {
+                FusionMethod::Dbsf => "dbsf",
+                FusionMethod::Rrf => "rrf",
+            },
+        ])
+        .args(["--rrf-k", &f.rrf_k.to_string()]);
+    wait_ready(spawn(cmd, "the Python peer")?, addr)
+}
+
+fn spawn(mut cmd: Command, what: &str) -> anyhow::Result<Child> {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("starting {what}"))
+}
+
+/// Waits until `GET /healthz` answers 200 (model loading takes seconds).
+fn wait_ready(child: Child, addr: SocketAddr) -> anyhow::Result<Server> {
+    let mut server = Server { child, addr };
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        if let Some(status) = server.child.try_wait()? {
+            anyhow::bail!("the server on {addr} exited before it was ready ({status})");
+        }
+        if let Ok(mut c) = Connection::open(addr) {
+            if matches!(c.request("GET", "/healthz", b""), Ok((200, _))) {
+                return Ok(server);
+            }
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the server on {addr} was not ready after 300 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// (document id, chunk index) of each question's top hit.
+fn top_hits_of(addr: SocketAddr, bodies: &[Vec<u8>]) -> anyhow::Result<Vec<(String, u64)>> {
+    let mut c = Connection::open(addr)?;
+    bodies
+        .iter()
+        .map(|b| {
+            let (status, body) = c.request("POST", "/v1/search", b)?;
+            anyhow::ensure!(
+                status == 200,
+                "search answered {status}: {}",
+                String::from_utf8_lossy(&body)
+            );
+            let v: serde_json::Value = serde_json::from_slice(&body)?;
+            let top = &v["hits"][0];
+            Ok((
+                top["document_id"].as_str().unwrap_or_default().to_string(),
+                top["chunk_index"].as_u64().unwrap_or(u64::MAX),
+            ))
+        })
+        .collect()
+}
+
+struct Stats {
+    requests: usize,
+    seconds: f64,
+    per_s: f64,
+    p50: f64,
+    p99: f64,
+    mean: f64,
+}
+
+/// `clients` threads, each with its own connection, send questions back to back for
+/// `warmup` (not recorded) and then `duration`. Latency: from writing the request to
+/// having read the whole response.
+fn measure(
+    addr: SocketAddr,
+    bodies: &[Vec<u8>],
+    clients: usize,
+    warmup: Duration,
+    duration: Duration,
+) -> anyhow::Result<Stats> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let barrier = Arc::new(std::sync::Barrier::new(clients));
+    let results = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..clients)
+            .map(|_| {
+                let (next, barrier) = (next.clone(), barrier.clone());
+                scope.spawn(move || -> anyhow::Result<(Vec<f64>, Instant, Instant)> {
+                    let mut conn = Connection::open(addr)?;
+                    barrier.wait();
+                    let start = Instant::now();
+                    let (from, end) = (start + warmup, start + warmup + duration);
+                    let mut lat = Vec::new();
+                    let mut last = from;
+                    loop {
+                        let sent = Instant::now();
+                        if sent >= end {
+                            break;
+                        }
+                        let body = &bodies[next.fetch_add(1, Ordering::Relaxed) % bodies.len()];
+                        let (status, answer) = conn.request("POST", "/v1/search", body)?;
+                        anyhow::ensure!(
+                            status == 200,
+                            "search answered {status}: {}",
+                            String::from_utf8_lossy(&answer)
+                        );
+                        let done = Instant::now();
+                        if sent >= from {
+                            lat.push((done - sent).as_secs_f64() * 1e3);
+                            last = last.max(done);
+                        }
+                    }
+                    Ok((lat, from, last))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("a client thread panicked"))?
+            })
+            .collect::<anyhow::Result<Vec<_>>>()
+    })?;
+    let from = results.iter().map(|r| r.1).min().context("no clients")?;
+    let last = results.iter().map(|r| r.2).max().context("no clients")?;
+    let mut lat: Vec<f64> = results.into_iter().flat_map(|r| r.0).collect();
+    anyhow::ensure!(
+        !lat.is_empty(),
+        "no request finished in the measured window"
+    );
+    lat.sort_by(f64::total_cmp);
+    let seconds = (last - from).as_secs_f64().max(1e-9);
+    Ok(Stats {
+        requests: lat.len(),
+        seconds,
+        per_s: lat.len() as f64 / seconds,
+        p50: crate::eval::percentile(&lat, 50.0),
+        p99: crate::eval::percentile(&lat, 99.0),
+        mean: lat.iter().sum::<f64>() / lat.len() as f64,
+    })
+}
+
+impl std::fmt::Display for QueryBench {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "query benchmark: POST /v1/search, top_k {}, {} ({}), {} ONNX Runtime threads; {:.0} s warm-up + {:.0} s per cell",
+            self.top_k, self.mode, self.fusion, self.threads, self.warmup_s, self.duration_s
+        )?;
+        for info in &self.indexes {
+            writeln!(
+                f,
+                "\nindex: {} chunks ({} files, {:.1} MB, chunks of {} tokens / {} overlap, model {}), built in {:.0} s",
+                info.chunks,
+                info.files,
+                info.bytes as f64 / 1e6,
+                info.chunking.0,
+                info.chunking.1,
+                info.model_dir.display(),
+                info.build_seconds
+            )?;
+            writeln!(
+                f,
+                "{:>7} | {:>31} | {:>31} | {:>10}",
+                "clients",
+                "docent p50 / p99 ms, req/s",
+                "python peer p50 / p99 ms, req/s",
+                "throughput"
+            )?;
+            let cell = |server: &str, clients: usize| {
+                self.rows
+                    .iter()
+                    .find(|r| r.server == server && r.chunks == info.chunks && r.clients == clients)
+            };
+            let clients: Vec<usize> = self
+                .rows
+                .iter()
+                .filter(|r| r.chunks == info.chunks && r.server == DOCENT)
+                .map(|r| r.clients)
+                .collect();
+            for c in clients {
+                let show = |r: Option<&Measurement>| {
+                    r.map_or("-".to_string(), |r| {
+                        format!(
+                            "{:7.2} / {:7.2}, {:7.1}",
+                            r.p50_ms, r.p99_ms, r.requests_per_s
+                        )
+                    })
+                };
+                let (d, p) = (cell(DOCENT, c), cell(PEER, c));
+                let ratio = match (d, p) {
+                    (Some(d), Some(p)) => format!("{:.2}x", d.requests_per_s / p.requests_per_s),
+                    _ => "-".into(),
+                };
+                writeln!(
+                    f,
+                    "{c:>7} | {:>31} | {:>31} | {ratio:>10}",
+                    show(d),
+                    show(p)
+                )?;
+            }
+            if let Some((_, n, same)) = self.agreement.iter().find(|a| a.0 == info.chunks) {
+                writeln!(
+                    f,
+                    "same top hit from docent and the peer: {same} of {n} questions"
+                )?;
+            }
+        }
+        // the goals, on the smallest index with one client
+        if let Some(d) = self
+            .rows
+            .iter()
+            .find(|r| r.server == DOCENT && r.clients == 1)
+        {
+            let met = |ok: bool| if ok { "met" } else { "NOT met" };
+            write!(
+                f,
+                "\ngoals at {} chunks, 1 client: p50 {:.2} ms < 10 ({}), p99 {:.2} ms < 30 ({})",
+                d.chunks,
+                d.p50_ms,
+                met(d.p50_ms < 10.0),
+                d.p99_ms,
+                met(d.p99_ms < 30.0)
+            )?;
+            if let Some(p) = self
+                .rows
+                .iter()
+                .find(|r| r.server == PEER && r.clients == 1 && r.chunks == d.chunks)
+            {
+                let x = d.requests_per_s / p.requests_per_s;
+                write!(f, "; throughput {x:.2}x the peer >= 3x ({})", met(x >= 3.0))?;
+            }
+            writeln!(f)?;
+        }
+        Ok(())
+    }
+}

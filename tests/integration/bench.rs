@@ -1,0 +1,50 @@
+//! `docent bench query` end to end on a small index: the index is built through the ingest
+//! pipeline and cached, the real `docent serve` runs on a free port, and the load generator
+//! measures it at two client counts (the Python peer has its own environment and is left out).
+
+use std::time::Duration;
+
+use docent::bench::query::{run, Options};
+
+use crate::helpers::{config, shared};
+
+#[test]
+fn query_benchmark_builds_a_cached_index_and_measures_the_real_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let book = shared().join("data/corpus/rust-book/src");
+    let c = config(&dir.path().join("unused"));
+    let opts = Options {
+        docent: env!("CARGO_BIN_EXE_docent").into(),
+        corpus: vec![
+            book.join("ch04-01-what-is-ownership.md"),
+            book.join("ch08-02-strings.md"),
+        ],
+        sizes: vec![20],
+        clients: vec![1, 3],
+        warmup: Duration::from_millis(200),
+        duration: Duration::from_millis(800),
+        top_k: 3,
+        queries: shared().join("data/eval/xquad-en/queries.jsonl"),
+        cache: dir.path().join("cache"),
+        peer: None,
+        compare: 5,
+    };
+    let first = run(&c, &opts).unwrap();
+    assert_eq!(first.indexes.len(), 1);
+    let built = &first.indexes[0];
+    assert!(built.chunks >= 20, "{built:?}");
+    assert_eq!(first.rows.len(), 2, "{:?}", first.rows);
+    for r in &first.rows {
+        assert_eq!(r.server, "docent");
+        assert!(r.requests > 0 && r.requests_per_s > 0.0, "{r:?}");
+        assert!(0.0 < r.p50_ms && r.p50_ms <= r.p99_ms, "{r:?}");
+    }
+    assert_eq!(first.rows[1].clients, 3);
+    let table = first.to_string();
+    assert!(table.contains("goals at"), "{table}");
+
+    // the second run reuses the cached index instead of building it again
+    let second = run(&c, &opts).unwrap();
+    assert_eq!(&second.indexes[0], built);
+    assert!(!dir.path().join("unused").exists());
+}
