@@ -480,9 +480,7 @@ pub fn run(
         for (mode, acc) in modes.iter().zip(acc.iter_mut()) {
             let t = Instant::now();
             // more chunks than documents: a long document may fill several places
-            let hits = index
-                .store
-                .search(&embedded, *mode, &index.fusion, 2 * DEPTH, &none)?;
+            let hits = index.rank(&embedded, 2 * DEPTH, *mode, &none)?.hits;
             let ms = embed_ms + t.elapsed().as_secs_f64() * 1e3;
             let top10: HashSet<&str> = hits
                 .iter()

@@ -1,13 +1,17 @@
 //! Stage **retrieve**: embeds the question with the ingest pipeline's embedder and searches
 //! its store. Nothing here re-implements either.
 
+mod batcher;
+
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use docent_ingest::embed::Embedder;
+use docent_ingest::embed::{Embedder, Embedding};
 use docent_ingest::store::{point_id, Fusion, Hit, SearchFilter, SearchMode, Span, Store};
 use serde::Serialize;
+
+pub use batcher::QueryBatcher;
 
 /// The embedder and the store, opened once and shared by ingest and query.
 #[derive(Clone)]
@@ -18,6 +22,8 @@ pub struct Index {
     pub mode: SearchMode,
     /// How hybrid search fuses its rankings.
     pub fusion: Fusion,
+    /// Embeds questions, batching concurrent ones.
+    pub queries: Arc<QueryBatcher>,
 }
 
 /// A chunk's score under each ranking (`None`: not among that ranking's candidates).
@@ -27,6 +33,14 @@ pub struct Scores {
     pub sparse: Option<f32>,
     /// The fused score (hybrid mode only).
     pub fused: Option<f32>,
+}
+
+/// Chunks ranked for a question, best first, and the candidate lists (point id, score;
+/// best first) they were ranked from.
+pub struct Ranked {
+    pub hits: Vec<Hit>,
+    pub dense: Vec<(u64, f32)>,
+    pub sparse: Vec<(u64, f32)>,
 }
 
 /// Retrieved chunks, best first, and the time it took.
@@ -58,41 +72,62 @@ impl Index {
         mode: SearchMode,
         only: &SearchFilter,
     ) -> docent_ingest::Result<Retrieved> {
-        let started = Instant::now();
-        let query = self.embedder.embed_query(question)?;
-        let hits = self.store.search(&query, mode, &self.fusion, top_k, only)?;
-        let best_dense = self.best_dense(&query, mode, &hits, only)?;
-        Ok(Retrieved {
-            hits,
-            best_dense,
-            elapsed_ms: started.elapsed().as_secs_f64() * 1e3,
+        Ok(self.retrieve_scored(question, top_k, mode, only)?.0)
+    }
+
+    /// Dense (batched with concurrent questions) and BM25 vectors of a question.
+    pub fn embed_query(&self, question: &str) -> docent_ingest::Result<Embedding> {
+        Ok(Embedding {
+            dense: self.queries.embed(question)?,
+            sparse: self.embedder.embed_sparse_query(question),
         })
     }
 
-    fn best_dense(
+    /// The best `top_k` chunks for an embedded question under `mode`, with the candidate
+    /// lists they were chosen from.
+    ///
+    /// Two searches, whatever the mode: the dense and the BM25 candidate lists (each
+    /// `top_k × fusion.candidates` deep, ids and scores only); the ranking is one of them
+    /// or their fusion ([`Fusion::fuse`], the engine's own formulas), and only the
+    /// `top_k` chunks it keeps are read. With MMR the engine re-ranks (a third search).
+    pub fn rank(
         &self,
-        query: &docent_ingest::embed::Embedding,
+        query: &Embedding,
+        top_k: usize,
         mode: SearchMode,
-        hits: &[Hit],
         only: &SearchFilter,
-    ) -> docent_ingest::Result<Option<f32>> {
-        if mode == SearchMode::Dense && self.fusion.mmr_lambda.is_none() {
-            return Ok(hits.first().map(|h| h.score));
-        }
-        // MMR scores are not similarities: ask the plain dense ranking
+    ) -> docent_ingest::Result<Ranked> {
+        let depth = top_k.max(1) * self.fusion.candidates.max(1);
         let plain = Fusion {
             mmr_lambda: None,
             ..self.fusion
         };
-        Ok(self
+        let dense = self
             .store
-            .search_scores(query, SearchMode::Dense, &plain, 1, only)?
-            .first()
-            .map(|h| h.1))
+            .search_scores(query, SearchMode::Dense, &plain, depth, only)?;
+        let sparse = self
+            .store
+            .search_scores(query, SearchMode::Sparse, &plain, depth, only)?;
+        let hits = if self.fusion.mmr_lambda.is_some() {
+            self.store.search(query, mode, &self.fusion, top_k, only)?
+        } else {
+            let mut ranked = match mode {
+                SearchMode::Dense => dense.clone(),
+                SearchMode::Sparse => sparse.clone(),
+                SearchMode::Hybrid => self.fusion.fuse(&dense, &sparse),
+            };
+            ranked.truncate(top_k);
+            self.store.hits(&ranked)?
+        };
+        Ok(Ranked {
+            hits,
+            dense,
+            sparse,
+        })
     }
 
-    /// [`Self::retrieve_with`], plus each hit's dense and sparse score (from the same
-    /// candidate lists hybrid search fuses) and its fused score.
+    /// [`Self::retrieve_with`], plus each hit's dense and sparse score (from the candidate
+    /// lists) and its fused score.
     pub fn retrieve_scored(
         &self,
         question: &str,
@@ -101,20 +136,12 @@ impl Index {
         only: &SearchFilter,
     ) -> docent_ingest::Result<(Retrieved, Vec<Scores>)> {
         let started = Instant::now();
-        let query = self.embedder.embed_query(question)?;
-        let hits = self.store.search(&query, mode, &self.fusion, top_k, only)?;
-        // the candidate lists the fusion saw, by point id, without payloads: cheap
-        let depth = top_k.max(1) * self.fusion.candidates.max(1);
-        let plain = Fusion {
-            mmr_lambda: None,
-            ..self.fusion
-        };
-        let dense = self
-            .store
-            .search_scores(&query, SearchMode::Dense, &plain, depth, only)?;
-        let sparse = self
-            .store
-            .search_scores(&query, SearchMode::Sparse, &plain, depth, only)?;
+        let query = self.embed_query(question)?;
+        let Ranked {
+            hits,
+            dense,
+            sparse,
+        } = self.rank(&query, top_k, mode, only)?;
         let score_in = |list: &[(u64, f32)], h: &Hit| {
             let id = point_id(&h.payload.document_id, h.payload.chunk_index);
             list.iter().find(|c| c.0 == id).map(|c| c.1)

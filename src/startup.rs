@@ -17,6 +17,9 @@ use crate::prompt::Prompts;
 use crate::query::{Limits, QueryEngine};
 use crate::retrieve::Index;
 
+/// Most questions embedded in one run (see [`crate::retrieve::QueryBatcher`]).
+const QUERY_BATCH: usize = 16;
+
 /// Opens the embedder and the store (what both ingest and query need).
 pub fn open_index(config: &Config) -> anyhow::Result<Index> {
     config.check_embedding_files()?;
@@ -34,6 +37,10 @@ pub fn open_index(config: &Config) -> anyhow::Result<Index> {
         embedder.model_sha256(),
     )?);
     Ok(Index {
+        queries: Arc::new(crate::retrieve::QueryBatcher::new(
+            embedder.clone(),
+            QUERY_BATCH,
+        )),
         embedder,
         store,
         mode: config.retrieval.mode,

@@ -213,8 +213,13 @@ impl Embedder {
             .ok_or_else(|| Error::Embed("model returned no embedding".into()))?;
         Ok(Embedding {
             dense,
-            sparse: self.bm25.embed_query(text),
+            sparse: self.embed_sparse_query(text),
         })
+    }
+
+    /// The BM25 vector of a query (term weights 1; the engine applies IDF).
+    pub fn embed_sparse_query(&self, text: &str) -> SparseVector {
+        self.bm25.embed_query(text)
     }
 }
 

@@ -184,7 +184,7 @@ pub enum FusionMethod {
 pub struct Fusion {
     /// `rrf` (weighted reciprocal rank fusion) or `dbsf` (distribution-based score
     /// fusion: each ranking's scores normalised by their mean ± 3 standard deviations,
-    /// then summed; weights do not apply).
+    /// then multiplied by the ranking's weight and summed).
     #[serde(default)]
     pub method: FusionMethod,
     pub rrf_k: usize,
@@ -216,6 +216,67 @@ impl Default for Fusion {
             mmr_lambda: None,
         }
     }
+}
+
+impl Fusion {
+    /// Fuses a dense and a sparse ranking (point id, score; best first) into one, best
+    /// first, exactly as Qdrant's engine does (its `score_fusion` / `rrf_scoring`), so the
+    /// lists a search already fetched need no second, fused search:
+    /// - DBSF: each list's scores mapped to 0..1 between mean ∓ 3 sample standard
+    ///   deviations (a single score becomes 0.5), times the list's weight, summed per point;
+    /// - RRF: each point gets `1 / ((position + 1) / weight + k − 1)` per list, summed.
+    ///
+    /// Ties keep no particular order (as in the engine).
+    pub fn fuse(&self, dense: &[(u64, f32)], sparse: &[(u64, f32)]) -> Vec<(u64, f32)> {
+        let mut fused: Vec<(u64, f32)> = Vec::with_capacity(dense.len() + sparse.len());
+        let mut add = |id: u64, score: f32| match fused.iter_mut().find(|p| p.0 == id) {
+            Some(p) => p.1 += score,
+            None => fused.push((id, score)),
+        };
+        for (list, weight) in [(dense, self.dense_weight), (sparse, self.sparse_weight)] {
+            match self.method {
+                FusionMethod::Dbsf => {
+                    let (lo, hi) = dbsf_range(list);
+                    for &(id, score) in list {
+                        let norm = if lo == hi {
+                            0.5
+                        } else {
+                            (score - lo) / (hi - lo)
+                        };
+                        add(id, norm * weight);
+                    }
+                }
+                FusionMethod::Rrf => {
+                    for (pos, &(id, _)) in list.iter().enumerate() {
+                        let score = if weight <= 0.0 {
+                            0.0
+                        } else {
+                            1.0 / ((pos + 1) as f32 / weight + self.rrf_k as f32 - 1.0)
+                        };
+                        add(id, score);
+                    }
+                }
+            }
+        }
+        fused.sort_by(|a, b| b.1.total_cmp(&a.1));
+        fused
+    }
+}
+
+/// Mean ∓ 3 sample standard deviations of a list's scores (Welford, in f32 as the engine
+/// computes it); equal bounds for fewer than two scores.
+fn dbsf_range(list: &[(u64, f32)]) -> (f32, f32) {
+    if list.len() < 2 {
+        return (0.0, 0.0);
+    }
+    let (mut mean, mut aggregate) = (0f32, 0f32);
+    for (k, &(_, score)) in (1usize..).zip(list) {
+        let old_delta = score - mean;
+        mean += old_delta / k as f32;
+        aggregate += old_delta * (score - mean);
+    }
+    let std_dev = (aggregate / (list.len() as f32 - 1.0)).sqrt();
+    (mean - 3.0 * std_dev, mean + 3.0 * std_dev)
 }
 
 /// A search result.
@@ -969,6 +1030,35 @@ impl Store {
         Ok(points)
     }
 
+    /// The chunks of scored point ids (from [`Self::search_scores`] or a fusion of such
+    /// lists), in the order given, with their scores; ids no longer stored are skipped.
+    pub fn hits(&self, scored: &[(u64, f32)]) -> Result<Vec<Hit>> {
+        let ids: Vec<PointId> = scored.iter().map(|p| PointId::NumId(p.0)).collect();
+        let mut records = self
+            .shard
+            .retrieve(
+                &ids,
+                Some(WithPayloadInterface::Bool(true)),
+                Some(WithVector::Bool(false)),
+            )
+            .map_err(store_err)?;
+        let mut hits = Vec::with_capacity(scored.len());
+        for &(id, score) in scored {
+            let Some(i) = records.iter().position(|r| r.id == PointId::NumId(id)) else {
+                continue;
+            };
+            let payload = records
+                .swap_remove(i)
+                .payload
+                .ok_or_else(|| Error::Store("point without payload".into()))?;
+            hits.push(Hit {
+                payload: parse_payload(payload)?,
+                score,
+            });
+        }
+        Ok(hits)
+    }
+
     /// Builds the vector indexes (HNSW) of segments large enough to need one and merges
     /// small segments; until then search is exact over the unindexed segments. Blocking,
     /// seconds for large indexes; searches and writes go on meanwhile. Returns whether
@@ -1562,5 +1652,72 @@ mod tests {
             })
             .collect();
         assert_eq!(scored, expected);
+    }
+
+    /// The fusion computed from the two candidate lists equals the engine's own fused
+    /// search: same chunks, same order, same scores.
+    #[test]
+    fn fusing_the_candidate_lists_gives_the_engines_hybrid_ranking() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path(), 3, "m").unwrap();
+        let mut points = Vec::new();
+        for i in 0..40u32 {
+            let x = i as f32;
+            let mut e = emb([
+                1.0 + (x * 0.37).sin(),
+                (x * 0.91).cos(),
+                0.2 + (x * 0.13).sin(),
+            ]);
+            e.sparse = SparseVector {
+                indices: vec![i % 7, 10 + i % 3, 20 + i % 11],
+                values: vec![1.0 + (i % 4) as f32, 1.0, 0.5 + (i % 5) as f32],
+            };
+            points.push((payload(&format!("d{i}"), 0, &format!("/d{i}")), e));
+        }
+        s.upsert(points).unwrap();
+        let mut q = emb([1.0, 0.3, 0.5]);
+        q.sparse = SparseVector {
+            indices: vec![3, 11, 25],
+            values: vec![1.0, 1.0, 1.0],
+        };
+        let none = SearchFilter::default();
+        for fusion in [
+            Fusion::default(),
+            Fusion {
+                method: FusionMethod::Rrf,
+                dense_weight: 3.0,
+                ..Default::default()
+            },
+        ] {
+            let limit = 5;
+            let depth = limit * fusion.candidates;
+            let dense = s
+                .search_scores(&q, SearchMode::Dense, &fusion, depth, &none)
+                .unwrap();
+            let sparse = s
+                .search_scores(&q, SearchMode::Sparse, &fusion, depth, &none)
+                .unwrap();
+            assert!(dense.len() > limit && sparse.len() > limit);
+            let mut ours = fusion.fuse(&dense, &sparse);
+            ours.truncate(limit);
+            let engine = s
+                .search(&q, SearchMode::Hybrid, &fusion, limit, &none)
+                .unwrap();
+            let ours_hits = s.hits(&ours).unwrap();
+            assert_eq!(ours_hits.len(), engine.len(), "{:?}", fusion.method);
+            for (a, b) in ours_hits.iter().zip(&engine) {
+                assert_eq!(
+                    a.payload.document_id, b.payload.document_id,
+                    "{:?}",
+                    fusion.method
+                );
+                assert!(
+                    (a.score - b.score).abs() < 1e-5,
+                    "{} vs {}",
+                    a.score,
+                    b.score
+                );
+            }
+        }
     }
 }

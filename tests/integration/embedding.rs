@@ -88,3 +88,57 @@ fn int8_model_agrees_with_fp32_through_fastembed() {
     // and it still ranks: install ~ rustup, not ~ oil crisis
     assert!(cos(&b[0], &b[1]) > cos(&b[0], &b[2]) + 0.3);
 }
+
+/// Concurrent questions are embedded together, and batching (with padding to the longest
+/// question) gives the same vectors as embedding each question alone.
+#[test]
+fn concurrent_questions_are_batched_with_unchanged_vectors() {
+    use docent::retrieve::QueryBatcher;
+    use std::sync::{Arc, Barrier};
+    let embedder = Arc::new(
+        Embedder::load(EmbedderConfig {
+            model_dir: models().join("all-MiniLM-L6-v2"),
+            ort_library: models().join("onnxruntime/libonnxruntime.so"),
+            max_length: 256,
+            threads: 2,
+            batch_size: 16,
+        })
+        .unwrap(),
+    );
+    let questions: Vec<String> = (0..16)
+        .map(|i| {
+            format!(
+                "Question {i}: how does {} work?",
+                "borrowing ".repeat(i % 5 + 1)
+            )
+        })
+        .collect();
+    let alone: Vec<Vec<f32>> = questions
+        .iter()
+        .map(|q| embedder.embed_dense(&[q.as_str()]).unwrap().remove(0))
+        .collect();
+    let batcher = Arc::new(QueryBatcher::new(embedder.clone(), 16));
+    let barrier = Arc::new(Barrier::new(questions.len()));
+    let together: Vec<Vec<f32>> = std::thread::scope(|s| {
+        let handles: Vec<_> = questions
+            .iter()
+            .map(|q| {
+                let (b, barrier) = (batcher.clone(), barrier.clone());
+                s.spawn(move || {
+                    barrier.wait();
+                    b.embed(q).unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (a, t) in alone.iter().zip(&together) {
+        assert!(cos(a, t) > 0.99999, "cos {}", cos(a, t));
+    }
+    let (embedded, batches) = batcher.counts();
+    assert_eq!(embedded, questions.len());
+    assert!(
+        batches < embedded,
+        "{batches} batches for {embedded} questions"
+    );
+}
