@@ -9,12 +9,15 @@ Python service would do it.
           (the Embedder of bench_ingest_peer.py);
   sparse  the question's BM25 vector from qdrant-edge-py's Bm25 (the embedder docent uses, from
           the same engine version);
-  search  qdrant-edge-py 0.7.2 (the Python binding of the Qdrant engine docent embeds) opened on
-          docent's own index files (--shard, read only in practice): one hybrid query (dense and
-          BM25 prefetch of top_k x --candidates each, fused with --fusion) with payloads, and the
-          dense and BM25 candidate lists without payloads for each hit's per-ranking scores, as
-          docent does. Hidden (half-written) documents: none exist in a finished bench index, so
-          the peer applies no filter.
+  search  --store edge (default): qdrant-edge-py 0.7.2 (the Python binding of the Qdrant engine
+          docent embeds) opened on docent's own index files (--shard, read only in practice);
+          --store client: qdrant-client 1.20 in local mode (in memory, pure Python + numpy), the
+          usual choice of a Python service without a server, loaded with every point of that
+          index (same vectors, same BM25 vectors, IDF modifier) before serving.
+          Either way: one hybrid query (dense and BM25 prefetch of top_k x --candidates each,
+          fused with --fusion) with payloads, and the dense and BM25 candidate lists without
+          payloads for each hit's per-ranking scores, as docent reports them. Hidden
+          (half-written) documents: none exist in a finished bench index, so no filter.
 
 Request:  {"question": "...", "retrieval": {"top_k": 5, "mode": "hybrid"}}
 Response: {"mode": "hybrid", "hits": [{document_id, source, title, chunk_index, span, text,
@@ -58,7 +61,7 @@ def build_app(args):
     embedder = bench_ingest_peer.Embedder(args.model_dir, args.threads)
     bm25 = Bm25(Bm25Config())
     shard = EdgeShard.load(args.shard)
-    fusion = Fusion.Dbsf() if args.fusion == "dbsf" else Fusion.Rrf(k=args.rrf_k)
+    query = edge_query(shard, args) if args.store == "edge" else client_query(shard, args)
     app = FastAPI()
 
     @app.get("/healthz")
@@ -72,18 +75,7 @@ def build_app(args):
         started = time.perf_counter()
         dense = embedder.embed([req.question])[0].tolist()
         sparse = bm25.embed_query(req.question)
-        k = req.retrieval.top_k
-        depth = k * args.candidates
-        fused = shard.query(QueryRequest(
-            prefetches=[Prefetch(query=Query.Nearest(dense, using=DENSE), limit=depth),
-                        Prefetch(query=Query.Nearest(sparse, using=SPARSE), limit=depth)],
-            query=fusion, limit=k, with_payload=True))
-        dense_list = shard.query(QueryRequest(query=Query.Nearest(dense, using=DENSE), limit=depth,
-                                              with_payload=False))
-        sparse_list = shard.query(QueryRequest(query=Query.Nearest(sparse, using=SPARSE), limit=depth,
-                                               with_payload=False))
-        dense_scores = {p.id: p.score for p in dense_list}
-        sparse_scores = {p.id: p.score for p in sparse_list}
+        fused, dense_scores, sparse_scores = query(dense, sparse, req.retrieval.top_k)
         hits = []
         for p in fused:
             pl = p.payload or {}
@@ -99,6 +91,66 @@ def build_app(args):
     return app
 
 
+def edge_query(shard, args):
+    fusion = Fusion.Dbsf() if args.fusion == "dbsf" else Fusion.Rrf(k=args.rrf_k)
+
+    def query(dense, sparse, k):
+        depth = k * args.candidates
+        fused = shard.query(QueryRequest(
+            prefetches=[Prefetch(query=Query.Nearest(dense, using=DENSE), limit=depth),
+                        Prefetch(query=Query.Nearest(sparse, using=SPARSE), limit=depth)],
+            query=fusion, limit=k, with_payload=True))
+        dense_list = shard.query(QueryRequest(query=Query.Nearest(dense, using=DENSE), limit=depth,
+                                              with_payload=False))
+        sparse_list = shard.query(QueryRequest(query=Query.Nearest(sparse, using=SPARSE), limit=depth,
+                                               with_payload=False))
+        return fused, {p.id: p.score for p in dense_list}, {p.id: p.score for p in sparse_list}
+    return query
+
+
+def client_query(shard, args):
+    from qdrant_client import QdrantClient, models
+    from qdrant_edge import ScrollRequest
+    client = QdrantClient(":memory:")
+    dim = len(embedder_probe(args))
+    client.create_collection("chunks", vectors_config={DENSE: models.VectorParams(size=dim, distance=models.Distance.COSINE)},
+                             sparse_vectors_config={SPARSE: models.SparseVectorParams(modifier=models.Modifier.IDF)})
+    offset, loaded = None, 0
+    while True:
+        records, offset = shard.scroll(ScrollRequest(offset=offset, limit=1024, with_payload=True, with_vector=True))
+        points = []
+        for r in records:
+            v = r.vector
+            sv = v[SPARSE]
+            points.append(models.PointStruct(id=r.id, payload=r.payload, vector={
+                DENSE: list(v[DENSE]),
+                SPARSE: models.SparseVector(indices=list(sv.indices), values=list(sv.values))}))
+        if points:
+            client.upsert("chunks", points=points, wait=True)
+            loaded += len(points)
+        if offset is None:
+            break
+    print(f"bench_query_peer: loaded {loaded} points into qdrant-client local mode", file=sys.stderr)
+    fusion = (models.FusionQuery(fusion=models.Fusion.DBSF) if args.fusion == "dbsf"
+              else models.RrfQuery(rrf=models.Rrf(k=args.rrf_k)))
+
+    def query(dense, sparse, k):
+        depth = k * args.candidates
+        sv = models.SparseVector(indices=list(sparse.indices), values=list(sparse.values))
+        fused = client.query_points("chunks", prefetch=[
+            models.Prefetch(query=dense, using=DENSE, limit=depth),
+            models.Prefetch(query=sv, using=SPARSE, limit=depth)],
+            query=fusion, limit=k, with_payload=True).points
+        dense_list = client.query_points("chunks", query=dense, using=DENSE, limit=depth).points
+        sparse_list = client.query_points("chunks", query=sv, using=SPARSE, limit=depth).points
+        return fused, {p.id: p.score for p in dense_list}, {p.id: p.score for p in sparse_list}
+    return query
+
+
+def embedder_probe(args):
+    return bench_ingest_peer.Embedder(args.model_dir, 1).embed(["probe"])[0]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shard", required=True, help="docent's index: DATA_DIR/qdrant")
@@ -107,6 +159,8 @@ def main():
     ap.add_argument("--max-length", type=int, default=256, help="tokens per question, special tokens included")
     ap.add_argument("--candidates", type=int, default=8, help="each ranking's list is top_k x this deep")
     ap.add_argument("--fusion", choices=["dbsf", "rrf"], default="dbsf")
+    ap.add_argument("--store", choices=["edge", "client"], default="edge",
+                    help="edge: qdrant-edge-py on the index files; client: qdrant-client local mode")
     ap.add_argument("--rrf-k", type=int, default=60, help="k of --fusion rrf")
     ap.add_argument("--port", type=int, required=True)
     args = ap.parse_args()
