@@ -168,8 +168,9 @@ pub const RRF_K: usize = 60;
 
 /// Measured on the first 3,000 SQuAD v1.1 questions (`docent eval`, MRR@10): BM25 alone
 /// .872; RRF k = 60 .837 (weights and k between 2 and 60 at best .873); DBSF .888 with
-/// 4×, .893 with 8× candidates (16×: .894). Hence DBSF over 8× candidates by default,
-/// with BM25 weighted 1.5 (.896; 1.25 and 2 gave .896 too, 1.0 .893).
+/// 4×, .893 with 8× candidates (16×: .894). Hence DBSF over 8× candidates by default.
+/// Weighting BM25 1.25–2× gave .896 there but nothing on the full set (.882 either way)
+/// and less on XQuAD (.973 vs .976), so both weights stay 1.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FusionMethod {
@@ -212,7 +213,7 @@ impl Default for Fusion {
             method: FusionMethod::Dbsf,
             rrf_k: RRF_K,
             dense_weight: 1.0,
-            sparse_weight: 1.5,
+            sparse_weight: 1.0,
             candidates: default_candidates(),
             mmr_lambda: None,
         }

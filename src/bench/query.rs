@@ -1,9 +1,9 @@
 //! `docent bench query`: retrieval (query embedding + hybrid search) through `POST
 //! /v1/search` over HTTP: p50/p99 latency and throughput at several client counts and index
-//! sizes, side by side in the same run with a Python peer service doing the same job
-//! (FastAPI + uvicorn, the same ONNX model through onnxruntime + tokenizers, and
-//! qdrant-edge-py: the Python binding of the same Qdrant engine version, opening the very
-//! same index files).
+//! sizes, side by side in the same run with Python peer services doing the same job
+//! (FastAPI + uvicorn, the same ONNX model through onnxruntime + tokenizers, and either
+//! qdrant-edge-py, the Python binding of the same Qdrant engine version opening the very
+//! same index files, or qdrant-client's local mode loaded with the same points).
 //!
 //! Indexes are built once per size from the corpus (files in the order given, sorted
 //! within each directory, until the size is reached) through the real ingest pipeline and
