@@ -385,7 +385,8 @@ fn default_query_corpus() -> Vec<PathBuf> {
         .filter(|o| o.status.success())
         .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
     if let Some(html) = sysroot.map(|s| s.join("share/doc/rust/html")) {
-        // books first, then the API documentation
+        // books first, then the API documentation (std), then the other guides and
+        // the other crates' documentation (core is large: mostly CPU intrinsics)
         for part in [
             "book",
             "reference",
@@ -393,6 +394,14 @@ fn default_query_corpus() -> Vec<PathBuf> {
             "cargo",
             "rust-by-example",
             "std",
+            "edition-guide",
+            "rustc",
+            "rustdoc",
+            "error_codes",
+            "unstable-book",
+            "embedded-book",
+            "alloc",
+            "core",
         ] {
             if html.join(part).is_dir() {
                 corpus.push(html.join(part));

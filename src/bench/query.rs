@@ -225,19 +225,24 @@ fn index_for(config: &Config, opts: &Options, size: usize) -> anyhow::Result<(Pa
         .iter()
         .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
         .collect();
+    // A finished index is reused when it was built the same way from the start of this
+    // corpus list (files are taken in order, so a longer list begins with the same files);
+    // an unfinished one (no marker: interrupted, or the corpus was too small) is resumed:
+    // its files are found unchanged and skipped.
     if let Ok(text) = std::fs::read_to_string(&marker) {
-        if let Ok(info) = serde_json::from_str::<IndexInfo>(&text) {
-            if info.corpus == corpus
-                && info.target == size
-                && info.chunking == chunking
-                && info.model_dir == config.embedding.model_dir
+        let info = serde_json::from_str::<IndexInfo>(&text).ok();
+        match info {
+            Some(info)
+                if corpus.starts_with(&info.corpus)
+                    && info.target == size
+                    && info.chunking == chunking
+                    && info.model_dir == config.embedding.model_dir =>
             {
                 return Ok((dir, info));
             }
+            _ => std::fs::remove_dir_all(&dir)
+                .with_context(|| format!("removing {}", dir.display()))?,
         }
-    }
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
     }
     let found = load::discover(&corpus)?;
     anyhow::ensure!(
@@ -421,8 +426,9 @@ struct Stats {
 }
 
 /// `clients` threads, each with its own connection, send questions back to back for
-/// `warmup` (not recorded) and then `duration`. Latency: from writing the request to
-/// having read the whole response.
+/// `warmup` (not recorded) and then `duration` (longer if a client has not finished one
+/// request sent after the warm-up by then). Latency: from writing the request to having
+/// read the whole response.
 fn measure(
     addr: SocketAddr,
     bodies: &[Vec<u8>],
@@ -445,7 +451,9 @@ fn measure(
                     let mut last = from;
                     loop {
                         let sent = Instant::now();
-                        if sent >= end {
+                        // a server slower than the window still gets one measured request
+                        // per client
+                        if sent >= end && !lat.is_empty() {
                             break;
                         }
                         let body = &bodies[next.fetch_add(1, Ordering::Relaxed) % bodies.len()];
