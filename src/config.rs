@@ -110,7 +110,9 @@ pub struct RetrievalConfig {
     /// MMR diversity (`mmr_lambda`).
     pub fusion: docent_ingest::store::Fusion,
     /// Below this dense cosine similarity of the best chunk, the question is answered from
-    /// the refusal template without calling the model (`answerable: false`). 0 = never.
+    /// the refusal template without calling the model (`answerable: false`); 0 = never.
+    /// Default 0.3: calibrated on SQuAD v2.0, where at most 1 % of answerable questions
+    /// have their best chunk below 0.324 (`docent eval` prints the calibration).
     pub min_score: f32,
     pub top_k: usize,
     /// Largest `top_k` a request may ask for.
@@ -181,7 +183,7 @@ impl Default for Config {
             },
             retrieval: RetrievalConfig {
                 mode: docent_ingest::store::SearchMode::Hybrid,
-                min_score: 0.0,
+                min_score: 0.3,
                 fusion: docent_ingest::store::Fusion::default(),
                 top_k: 3,
                 max_top_k: 20,

@@ -184,6 +184,10 @@ pub struct RefusalReport {
     pub best_threshold: f32,
     pub best_correct_refusal: f64,
     pub best_false_refusal: f64,
+    /// The same at most 1 % false refusals (a cautious default for `retrieval.min_score`).
+    pub strict_threshold: f32,
+    pub strict_correct_refusal: f64,
+    pub strict_false_refusal: f64,
 }
 
 fn refusal(scores: &[(f32, bool)], min_score: f32) -> Option<RefusalReport> {
@@ -196,12 +200,15 @@ fn refusal(scores: &[(f32, bool)], min_score: f32) -> Option<RefusalReport> {
     let mut candidates: Vec<f32> = scores.iter().map(|s| s.0).collect();
     candidates.sort_by(f32::total_cmp);
     candidates.dedup();
-    let best = candidates
-        .iter()
-        .copied()
-        .filter(|&t| below(&answerable, t) <= 0.10)
-        .max_by(|a, b| below(&unanswerable, *a).total_cmp(&below(&unanswerable, *b)))
-        .unwrap_or(f32::MIN);
+    let threshold = |max_false: f64| {
+        candidates
+            .iter()
+            .copied()
+            .filter(|&t| below(&answerable, t) <= max_false)
+            .max_by(|a, b| below(&unanswerable, *a).total_cmp(&below(&unanswerable, *b)))
+            .unwrap_or(f32::MIN)
+    };
+    let (best, strict) = (threshold(0.10), threshold(0.01));
     Some(RefusalReport {
         answerable: answerable.len(),
         unanswerable: unanswerable.len(),
@@ -211,6 +218,9 @@ fn refusal(scores: &[(f32, bool)], min_score: f32) -> Option<RefusalReport> {
         best_threshold: best,
         best_correct_refusal: below(&unanswerable, best),
         best_false_refusal: below(&answerable, best),
+        strict_threshold: strict,
+        strict_correct_refusal: below(&unanswerable, strict),
+        strict_false_refusal: below(&answerable, strict),
     })
 }
 
@@ -611,6 +621,13 @@ impl std::fmt::Display for EvalReport {
                 100.0 * r.best_correct_refusal,
                 100.0 * r.best_false_refusal
             )?;
+            writeln!(
+                f,
+                "refusal with <= 1 % false refusals: threshold {:.3} ({:.1} % / {:.1} %)",
+                r.strict_threshold,
+                100.0 * r.strict_correct_refusal,
+                100.0 * r.strict_false_refusal
+            )?;
         }
         if let Some(a) = &self.answers {
             writeln!(
@@ -701,5 +718,30 @@ mod tests {
         std::fs::write(p.join("queries.jsonl"), "{\"_id\": \"q1\"}\n").unwrap();
         let e = format!("{:#}", Dataset::load(p).err().unwrap());
         assert!(e.contains("queries.jsonl line 1"), "{e}");
+    }
+
+    #[test]
+    fn refusal_thresholds_keep_false_refusals_under_their_limits() {
+        // answerable best scores 0.40..0.89, unanswerable 0.10..0.59
+        let mut scores: Vec<(f32, bool)> =
+            (0..100).map(|i| (0.40 + i as f32 * 0.005, true)).collect();
+        scores.extend((0..100).map(|i| (0.10 + i as f32 * 0.005, false)));
+        let r = refusal(&scores, 0.0).unwrap();
+        assert_eq!((r.correct_refusal, r.false_refusal), (0.0, 0.0));
+        // 10 %: refuse below 0.45 (10 answerable); 1 %: below 0.405 (1 answerable)
+        assert!(
+            (r.best_threshold - 0.45).abs() < 1e-6,
+            "{}",
+            r.best_threshold
+        );
+        assert!((r.best_false_refusal - 0.10).abs() < 1e-9);
+        assert!((r.best_correct_refusal - 0.70).abs() < 1e-9);
+        assert!(
+            (r.strict_threshold - 0.405).abs() < 1e-6,
+            "{}",
+            r.strict_threshold
+        );
+        assert!((r.strict_false_refusal - 0.01).abs() < 1e-9);
+        assert!((r.strict_correct_refusal - 0.61).abs() < 1e-9);
     }
 }

@@ -507,7 +507,7 @@ async fn below_min_score_the_model_is_not_asked() {
     let app = app();
     let c = client();
     let url = format!("{}/v1/query", app.address);
-    // the same question is answerable with the configured threshold (0 = never refuse) …
+    // the same question is answerable with threshold 0 (never refuse) …
     let ask = |min_score: f64| {
         c.post(&url)
             .json(&json!({"question": "How do I install Rust on Linux?",
@@ -523,6 +523,27 @@ async fn below_min_score_the_model_is_not_asked() {
     assert_eq!(body["usage"]["completion_tokens"], 0);
     assert_eq!(body["citations"], json!([]));
     assert!(!body["answer"].as_str().unwrap().is_empty());
+    // the default threshold (calibrated on SQuAD v2.0) refuses a question the corpus is
+    // not about, and answers one it is about
+    let default = |question: &str| {
+        c.post(&url)
+            .json(&json!({"question": question, "generation": {"max_tokens": 8}}))
+            .send()
+    };
+    let body: Value = default("What is the boiling point of mercury in kelvin?")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["answerable"], false, "{body}");
+    let body: Value = default("How do I install Rust on Linux?")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["answerable"], true, "{body}");
     expect_error(
         c.post(&url)
             .json(&json!({"question": "x", "retrieval": {"min_score": 1.5}})),
