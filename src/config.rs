@@ -122,6 +122,10 @@ pub struct RetrievalConfig {
     pub neighbors: usize,
 }
 
+fn one() -> f64 {
+    1.0
+}
+
 /// Most neighbours a hit may take on each side.
 pub const MAX_NEIGHBORS: usize = 5;
 
@@ -138,6 +142,13 @@ pub struct GenerationConfig {
     /// Largest `max_tokens` a request may ask for.
     pub max_tokens_limit: usize,
     pub temperature: f64,
+    /// Nucleus sampling: keep the most likely tokens up to this probability mass (1 = off;
+    /// applies when temperature > 0).
+    #[serde(default = "one")]
+    pub top_p: f64,
+    /// Sample among the k most likely tokens (0 = off; applies when temperature > 0).
+    #[serde(default)]
+    pub top_k: usize,
     /// 1.0 is off. Above 1 also penalises copying the context, which hurts RAG answers.
     pub repetition_penalty: f32,
     /// Sequences the engine schedules at once.
@@ -196,6 +207,8 @@ impl Default for Config {
                 max_tokens: 256,
                 max_tokens_limit: 1024,
                 temperature: 0.0,
+                top_p: 1.0,
+                top_k: 0,
                 repetition_penalty: 1.0,
                 max_num_seqs: 8,
             },
@@ -330,6 +343,12 @@ impl Config {
             return invalid(
                 "generation.temperature",
                 format!("must be in 0..=2, got {}", self.generation.temperature),
+            );
+        }
+        if !(self.generation.top_p > 0.0 && self.generation.top_p <= 1.0) {
+            return invalid(
+                "generation.top_p",
+                format!("must be in (0, 1], got {}", self.generation.top_p),
             );
         }
         if !(0.5..=2.0).contains(&self.generation.repetition_penalty) {

@@ -40,6 +40,10 @@ pub struct Params {
     pub max_tokens: usize,
     /// 0 means greedy.
     pub temperature: f64,
+    /// Nucleus sampling mass; 1 = off. Ignored when greedy.
+    pub top_p: f64,
+    /// Top-k sampling; 0 = off. Ignored when greedy.
+    pub top_k: usize,
     /// 1.0 is off; above 1 discourages repeating tokens already in the context.
     pub repetition_penalty: f32,
     /// Strings that end the answer; cut out of the text.
@@ -169,6 +173,8 @@ impl Generator {
         let params = Params {
             max_tokens,
             temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
             repetition_penalty: 1.0,
             stop: vec![],
         };
@@ -282,6 +288,8 @@ fn sampling(params: &Params) -> SamplingParams {
     } else {
         SamplingParams {
             temperature: Some(params.temperature),
+            top_p: (params.top_p < 1.0).then_some(params.top_p),
+            top_k: (params.top_k > 0).then_some(params.top_k),
             ..SamplingParams::neutral()
         }
     };
@@ -293,3 +301,37 @@ fn sampling(params: &Params) -> SamplingParams {
 
 /// The engine is shared by all requests.
 pub type SharedGenerator = Arc<Generator>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(temperature: f64, top_p: f64, top_k: usize) -> Params {
+        Params {
+            max_tokens: 7,
+            temperature,
+            top_p,
+            top_k,
+            repetition_penalty: 1.0,
+            stop: vec!["END".into()],
+        }
+    }
+
+    #[test]
+    fn sampling_settings_reach_the_engine_explicitly() {
+        // greedy: the engine's deterministic settings (top_k 1), whatever top_p/top_k say
+        let s = sampling(&params(0.0, 0.5, 40));
+        assert_eq!((s.top_k, s.temperature), (Some(1), None));
+        assert_eq!(s.max_len, Some(7));
+        assert!(matches!(&s.stop_toks, Some(StopTokens::Seqs(v)) if v == &["END".to_string()]));
+        // sampling: only what is switched on is sent
+        let s = sampling(&params(0.7, 0.9, 40));
+        assert_eq!(
+            (s.temperature, s.top_p, s.top_k),
+            (Some(0.7), Some(0.9), Some(40))
+        );
+        let s = sampling(&params(0.7, 1.0, 0));
+        assert_eq!((s.top_p, s.top_k), (None, None));
+        assert_eq!(s.repetition_penalty, None);
+    }
+}

@@ -52,8 +52,22 @@ pub struct RetrievalOptions {
 pub struct GenerationOptions {
     pub max_tokens: Option<usize>,
     pub temperature: Option<f64>,
+    /// Nucleus sampling mass, (0, 1]; 1 = off. Only with temperature > 0.
+    pub top_p: Option<f64>,
+    /// Sample among the k most likely tokens; 0 = off. Only with temperature > 0.
+    pub top_k: Option<usize>,
     pub repetition_penalty: Option<f32>,
+    /// More strings that end the answer (besides the template's); never part of it.
+    #[serde(default)]
+    pub stop: Vec<String>,
+    /// Not supported: mistral.rs 0.8.1 seeds one random generator per engine (shared by
+    /// all requests), so a per-request seed cannot be honoured; refused with 422.
+    pub seed: Option<u64>,
 }
+
+/// Most extra stop sequences a request may give, and their longest length in bytes.
+pub const MAX_STOPS: usize = 8;
+pub const MAX_STOP_BYTES: usize = 64;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QueryResponse {
@@ -134,6 +148,8 @@ pub struct Limits {
     pub default_max_tokens: usize,
     pub max_tokens: usize,
     pub default_temperature: f64,
+    pub default_top_p: f64,
+    pub default_top_k_tokens: usize,
     pub default_repetition_penalty: f32,
     pub max_question_chars: usize,
 }
@@ -149,6 +165,8 @@ impl Limits {
             default_max_tokens: c.generation.max_tokens,
             max_tokens: c.generation.max_tokens_limit,
             default_temperature: c.generation.temperature,
+            default_top_p: c.generation.top_p,
+            default_top_k_tokens: c.generation.top_k,
             default_repetition_penalty: c.generation.repetition_penalty,
             max_question_chars: c.server.max_question_chars,
         }
@@ -272,13 +290,52 @@ impl QueryRequest {
                 format!("must be between 0.5 and 2, got {repetition_penalty}"),
             );
         }
+        let g = &self.generation;
+        let top_p = g.top_p.unwrap_or(limits.default_top_p);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return invalid(
+                "generation.top_p",
+                format!("must be in (0, 1], got {top_p}"),
+            );
+        }
+        let top_k = g.top_k.unwrap_or(limits.default_top_k_tokens);
+        if g.seed.is_some() {
+            return invalid(
+                "generation.seed",
+                "per-request seeds are not supported: the engine (mistral.rs 0.8.1) seeds one random generator shared by all requests; use temperature 0 for reproducible answers".into(),
+            );
+        }
+        if g.stop.len() > MAX_STOPS {
+            return invalid(
+                "generation.stop",
+                format!("at most {MAX_STOPS} sequences, got {}", g.stop.len()),
+            );
+        }
+        if let Some(bad) = g
+            .stop
+            .iter()
+            .find(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
+        {
+            return invalid(
+                "generation.stop",
+                format!("each sequence must be 1 to {MAX_STOP_BYTES} bytes long, got {bad:?}"),
+            );
+        }
+        let mut stop: Vec<String> = DEFAULT_STOPS.iter().map(|s| s.to_string()).collect();
+        for s in &g.stop {
+            if !stop.contains(s) {
+                stop.push(s.clone());
+            }
+        }
         Ok(ValidQuery {
             search,
             params: Params {
                 max_tokens,
                 temperature,
+                top_p,
+                top_k,
                 repetition_penalty,
-                stop: DEFAULT_STOPS.iter().map(|s| s.to_string()).collect(),
+                stop,
             },
         })
     }
@@ -441,6 +498,17 @@ mod tests {
         assert_eq!(q.search.question, "What is Cargo?");
         assert_eq!(q.search.top_k, Config::default().retrieval.top_k);
         assert_eq!(q.search.neighbors, 0);
+        assert_eq!((q.params.top_p, q.params.top_k), (1.0, 0));
+        // a request's stop sequences come after the template's, once each
+        let q: QueryRequest = serde_json::from_str(
+            r#"{"question": "q", "generation": {"stop": ["END", "END", "<|im_end|>"], "top_k": 40}}"#,
+        )
+        .unwrap();
+        let q = q.validate(&limits()).unwrap();
+        assert_eq!(q.params.top_k, 40);
+        let mut want: Vec<String> = DEFAULT_STOPS.iter().map(|s| s.to_string()).collect();
+        want.push("END".into());
+        assert_eq!(q.params.stop, want);
         assert_eq!(q.params.max_tokens, Config::default().generation.max_tokens);
         assert_eq!(q.params.temperature, 0.0);
     }
@@ -470,6 +538,18 @@ mod tests {
                 "generation.repetition_penalty",
             ),
             (r#"{"question": "q", "stream": true}"#, "stream"),
+            (
+                r#"{"question": "q", "generation": {"top_p": 0}}"#,
+                "generation.top_p",
+            ),
+            (
+                r#"{"question": "q", "generation": {"seed": 7}}"#,
+                "generation.seed",
+            ),
+            (
+                r#"{"question": "q", "generation": {"stop": [""]}}"#,
+                "generation.stop",
+            ),
             (
                 r#"{"question": "q", "retrieval": {"neighbors": 6}}"#,
                 "retrieval.neighbors",

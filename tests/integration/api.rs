@@ -548,3 +548,40 @@ async fn below_min_score_the_model_is_not_asked() {
     )
     .await;
 }
+
+/// A request's stop sequences end the answer exactly where greedy generation first
+/// produces them; the stop text is never part of the answer.
+#[tokio::test]
+async fn request_stop_sequences_cut_the_answer() {
+    let app = app();
+    let c = client();
+    let url = format!("{}/v1/query", app.address);
+    let ask = |stop: Vec<String>| {
+        c.post(&url)
+            .json(&json!({"question": "What is ownership in Rust?",
+                          "retrieval": {"top_k": 2},
+                          "generation": {"max_tokens": 24, "stop": stop}}))
+            .send()
+    };
+    let full: Value = ask(vec![]).await.unwrap().json().await.unwrap();
+    let full = full["answer"].as_str().unwrap().to_string();
+    // a word from the middle of the answer becomes the stop sequence
+    let words: Vec<&str> = full.split_whitespace().collect();
+    assert!(words.len() >= 4, "{full}");
+    let stop = words[words.len() / 2].to_string();
+    let cut: Value = ask(vec![stop.clone()]).await.unwrap().json().await.unwrap();
+    let cut = cut["answer"].as_str().unwrap();
+    assert!(!cut.contains(&stop), "{stop:?} in {cut:?}");
+    assert!(cut.len() < full.len(), "{cut:?} vs {full:?}");
+    assert!(
+        full.starts_with(cut.trim_end()),
+        "{cut:?} is not a prefix of {full:?}"
+    );
+    expect_error(
+        c.post(&url)
+            .json(&json!({"question": "x", "generation": {"seed": 1}})),
+        422,
+        "invalid_request",
+    )
+    .await;
+}
