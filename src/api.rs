@@ -16,6 +16,9 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// Seconds for a `Retry-After` header (429).
+    #[serde(skip)]
+    retry_after_s: Option<u64>,
 }
 
 impl ApiError {
@@ -24,6 +27,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after_s: None,
         }
     }
 }
@@ -39,7 +43,11 @@ impl ResponseError for ApiError {
         self.status
     }
     fn error_response(&self) -> HttpResponse {
-        HttpResponse::build(self.status).json(json!({ "error": self }))
+        let mut response = HttpResponse::build(self.status);
+        if let Some(s) = self.retry_after_s {
+            response.insert_header(("Retry-After", s.to_string()));
+        }
+        response.json(json!({ "error": self }))
     }
 }
 
@@ -65,6 +73,10 @@ impl From<QueryError> for ApiError {
                 tracing::error!(error = %message, "retrieval failed");
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "retrieval_failed", message)
             }
+            QueryError::Busy { retry_after_s, .. } => ApiError {
+                retry_after_s: Some(retry_after_s),
+                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "busy", message)
+            },
             QueryError::Prompt(_) | QueryError::Internal(_) => {
                 tracing::error!(error = %message, "internal error");
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)

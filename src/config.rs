@@ -122,6 +122,10 @@ pub struct RetrievalConfig {
     pub neighbors: usize,
 }
 
+fn default_max_queue() -> usize {
+    32
+}
+
 fn one() -> f64 {
     1.0
 }
@@ -153,6 +157,10 @@ pub struct GenerationConfig {
     pub repetition_penalty: f32,
     /// Sequences the engine schedules at once.
     pub max_num_seqs: usize,
+    /// Answers generating or waiting for the engine at once; more get 429 with
+    /// `Retry-After`.
+    #[serde(default = "default_max_queue")]
+    pub max_queue: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -211,6 +219,7 @@ impl Default for Config {
                 top_k: 0,
                 repetition_penalty: 1.0,
                 max_num_seqs: 8,
+                max_queue: default_max_queue(),
             },
             prompts: PromptsConfig {
                 dir: "prompts".into(),
@@ -374,6 +383,9 @@ impl Config {
                 "server.max_body_bytes",
                 "server.max_body_bytes must be at least 256 and server.max_question_chars at least 1".into(),
             );
+        }
+        if self.generation.max_queue == 0 {
+            return invalid("generation.max_queue", "must be at least 1".into());
         }
         if self.generation.max_tokens == 0 || self.generation.max_num_seqs == 0 {
             return invalid(

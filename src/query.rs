@@ -127,6 +127,8 @@ pub enum QueryError {
     Generate(#[from] GenerateError),
     #[error("internal error: {0}")]
     Internal(String),
+    #[error("{queued} answers are being generated or waiting, the most this server takes (generation.max_queue); retry in {retry_after_s} s")]
+    Busy { queued: usize, retry_after_s: u64 },
 }
 
 /// A request with every option resolved against the configuration and checked.
@@ -347,15 +349,29 @@ pub struct QueryEngine {
     prompts: Prompts,
     generator: Generator,
     limits: Limits,
+    /// One permit per answer generating or waiting for the engine.
+    slots: tokio::sync::Semaphore,
+    max_queue: usize,
+    /// Moving average of generation time (ms), for `Retry-After`.
+    generation_ms: std::sync::atomic::AtomicU64,
 }
 
 impl QueryEngine {
-    pub fn new(index: Index, prompts: Prompts, generator: Generator, limits: Limits) -> Self {
+    pub fn new(
+        index: Index,
+        prompts: Prompts,
+        generator: Generator,
+        limits: Limits,
+        max_queue: usize,
+    ) -> Self {
         QueryEngine {
             index,
             prompts,
             generator,
             limits,
+            slots: tokio::sync::Semaphore::new(max_queue.max(1)),
+            max_queue: max_queue.max(1),
+            generation_ms: std::sync::atomic::AtomicU64::new(1000),
         }
     }
 
@@ -446,12 +462,29 @@ impl QueryEngine {
             .collect();
         let prompt = self.prompts.render(&q.search.question, &blocks)?;
 
+        // bounded: beyond max_queue answers in flight, say when to come back
+        let _slot = self.slots.try_acquire().map_err(|_| {
+            let avg = self
+                .generation_ms
+                .load(std::sync::atomic::Ordering::Relaxed);
+            QueryError::Busy {
+                queued: self.max_queue,
+                retry_after_s: avg.div_ceil(1000).max(1),
+            }
+        })?;
         let generation_started = Instant::now();
         let generation = self
             .generator
             .chat(&prompt.system, &prompt.user, &q.params)
             .await?;
         let generation_ms = generation_started.elapsed().as_secs_f64() * 1e3;
+        let avg = self
+            .generation_ms
+            .load(std::sync::atomic::Ordering::Relaxed);
+        self.generation_ms.store(
+            (avg * 3 + generation_ms as u64) / 4,
+            std::sync::atomic::Ordering::Relaxed,
+        );
 
         let text = postprocess::truncate_at_stop(&generation.text, &q.params.stop);
         let (answer, citations) = postprocess::cite(text, &retrieved.hits);

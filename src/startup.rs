@@ -83,6 +83,7 @@ pub async fn query_engine(config: &Config, index: Index) -> anyhow::Result<Query
         prompts,
         generator,
         Limits::from_config(config),
+        config.generation.max_queue,
     ))
 }
 

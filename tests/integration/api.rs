@@ -585,3 +585,46 @@ async fn request_stop_sequences_cut_the_answer() {
     )
     .await;
 }
+
+/// Beyond `generation.max_queue` answers in flight the server says 429 with `Retry-After`
+/// instead of queueing without bound; the answer in flight is not disturbed.
+#[tokio::test]
+async fn a_full_queue_answers_429_with_retry_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = crate::helpers::config(&dir.path().join("index"));
+    config.generation.max_queue = 1;
+    {
+        let index = docent::startup::open_index(&config).unwrap();
+        let ingestor = docent::startup::ingestor(&config, &index).unwrap();
+        let report = ingestor
+            .ingest_paths(
+                &[crate::helpers::rust_book(OWNERSHIP)],
+                &docent_ingest::pipeline::Silent,
+            )
+            .unwrap();
+        assert_eq!(report.ingested.len(), 1);
+    }
+    let address = crate::helpers::serve(config);
+    let c = client();
+    let url = format!("{address}/v1/query");
+    let body = json!({"question": "What is ownership in Rust?",
+                      "generation": {"max_tokens": 64}});
+    let first = tokio::spawn(c.post(&url).json(&body).send());
+    // the first answer is generating (64 tokens take seconds here)
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let second = c.post(&url).json(&body).send().await.unwrap();
+    assert_eq!(second.status(), 429);
+    let retry: u64 = second.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry >= 1);
+    let error: Value = second.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "busy", "{error}");
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), 200);
+    // with the slot free again, the next request is served
+    let third = c.post(&url).json(&body).send().await.unwrap();
+    assert_eq!(third.status(), 200);
+}

@@ -119,29 +119,34 @@ pub fn app() -> &'static TestApp {
             "docent ingest failed: {ingest_stdout}\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let config = config(&data_dir);
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let index = startup::open_index(&config).expect("open index");
-                let engine = Arc::new(startup::query_engine(&config, index).await.expect("engine"));
-                let app = startup::Application::build(&config, engine).expect("bind");
-                tx.send(app.port()).expect("send port");
-                app.run_until_stopped().await.expect("server");
-            });
-        });
-        let port = rx.recv().expect("server started");
         TestApp {
-            address: format!("http://127.0.0.1:{port}"),
+            address: serve(config(&data_dir)),
             ingest_stdout,
             _dir: dir,
         }
     })
+}
+
+/// Runs the real server on `config` (its index must not be open elsewhere) on its own
+/// thread and runtime, so that it outlives each test's runtime; its address.
+pub fn serve(config: Config) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let index = startup::open_index(&config).expect("open index");
+            let engine = Arc::new(startup::query_engine(&config, index).await.expect("engine"));
+            let app = startup::Application::build(&config, engine).expect("bind");
+            tx.send(app.port()).expect("send port");
+            app.run_until_stopped().await.expect("server");
+        });
+    });
+    let port = rx.recv().expect("server started");
+    format!("http://127.0.0.1:{port}")
 }
 
 pub fn client() -> reqwest::Client {
