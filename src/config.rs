@@ -122,6 +122,10 @@ pub struct RetrievalConfig {
     pub neighbors: usize,
 }
 
+fn default_cache_size() -> usize {
+    256
+}
+
 fn default_max_queue() -> usize {
     32
 }
@@ -161,6 +165,10 @@ pub struct GenerationConfig {
     /// `Retry-After`.
     #[serde(default = "default_max_queue")]
     pub max_queue: usize,
+    /// Greedy answers kept for repeated questions (same question, retrieval options and
+    /// generation parameters, unchanged index); 0 = no cache.
+    #[serde(default = "default_cache_size")]
+    pub cache_size: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -220,6 +228,7 @@ impl Default for Config {
                 repetition_penalty: 1.0,
                 max_num_seqs: 8,
                 max_queue: default_max_queue(),
+                cache_size: default_cache_size(),
             },
             prompts: PromptsConfig {
                 dir: "prompts".into(),

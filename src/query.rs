@@ -75,6 +75,9 @@ pub struct QueryResponse {
     pub citations: Vec<Citation>,
     /// False when nothing relevant was retrieved and the model was not asked.
     pub answerable: bool,
+    /// True when the answer came from the cache (same question, options and index).
+    #[serde(default)]
+    pub cached: bool,
     pub usage: Usage,
 }
 
@@ -354,6 +357,57 @@ pub struct QueryEngine {
     max_queue: usize,
     /// Moving average of generation time (ms), for `Retry-After`.
     generation_ms: std::sync::atomic::AtomicU64,
+    cache: AnswerCache,
+}
+
+/// Greedy answers by request (its resolved options) and index version; the oldest entry
+/// goes first when full.
+struct AnswerCache {
+    capacity: usize,
+    entries: std::sync::Mutex<CacheEntries>,
+}
+
+/// Answers with the index version they were made on, and keys oldest first.
+type CacheEntries = (
+    std::collections::HashMap<String, (u64, QueryResponse)>,
+    std::collections::VecDeque<String>,
+);
+
+impl AnswerCache {
+    fn new(capacity: usize) -> Self {
+        AnswerCache {
+            capacity,
+            entries: Default::default(),
+        }
+    }
+
+    fn get(&self, key: &str, version: u64) -> Option<QueryResponse> {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries
+            .0
+            .get(key)
+            .filter(|(v, _)| *v == version)
+            .map(|(_, r)| r.clone())
+    }
+
+    fn put(&self, key: String, version: u64, response: QueryResponse) {
+        if self.capacity == 0 {
+            return;
+        }
+        let mut guard = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let (map, order) = &mut *guard;
+        if map.insert(key.clone(), (version, response)).is_none() {
+            order.push_back(key);
+        }
+        while map.len() > self.capacity {
+            match order.pop_front() {
+                Some(old) => {
+                    map.remove(&old);
+                }
+                None => break,
+            }
+        }
+    }
 }
 
 impl QueryEngine {
@@ -363,6 +417,7 @@ impl QueryEngine {
         generator: Generator,
         limits: Limits,
         max_queue: usize,
+        cache_size: usize,
     ) -> Self {
         QueryEngine {
             index,
@@ -372,6 +427,7 @@ impl QueryEngine {
             slots: tokio::sync::Semaphore::new(max_queue.max(1)),
             max_queue: max_queue.max(1),
             generation_ms: std::sync::atomic::AtomicU64::new(1000),
+            cache: AnswerCache::new(cache_size),
         }
     }
 
@@ -422,6 +478,25 @@ impl QueryEngine {
     pub async fn answer(&self, request: QueryRequest) -> Result<QueryResponse, QueryError> {
         let started = Instant::now();
         let q = request.validate(&self.limits)?;
+        // greedy answers are a function of the request and the index: reuse them
+        let cache_key = (q.params.temperature <= 0.0).then(|| format!("{q:?}"));
+        let version = self.index.store.version();
+        if let Some(hit) = cache_key
+            .as_deref()
+            .and_then(|k| self.cache.get(k, version))
+        {
+            return Ok(QueryResponse {
+                cached: true,
+                // token counts describe the answer; the times are this request's
+                usage: Usage {
+                    retrieval_ms: 0.0,
+                    generation_ms: 0.0,
+                    total_ms: started.elapsed().as_secs_f64() * 1e3,
+                    ..hit.usage
+                },
+                ..hit
+            });
+        }
 
         let index = self.index.clone();
         let s = q.search.clone();
@@ -441,6 +516,7 @@ impl QueryEngine {
                 answer: self.prompts.refusal(&q.search.question)?,
                 citations: vec![],
                 answerable: false,
+                cached: false,
                 usage: Usage {
                     retrieval_ms: retrieved.elapsed_ms,
                     total_ms: started.elapsed().as_secs_f64() * 1e3,
@@ -503,12 +579,17 @@ impl QueryEngine {
             total_ms = usage.total_ms,
             "answered"
         );
-        Ok(QueryResponse {
+        let response = QueryResponse {
             answer,
             citations,
             answerable: true,
+            cached: false,
             usage,
-        })
+        };
+        if let Some(key) = cache_key {
+            self.cache.put(key, version, response.clone());
+        }
+        Ok(response)
     }
 }
 

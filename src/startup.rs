@@ -84,6 +84,7 @@ pub async fn query_engine(config: &Config, index: Index) -> anyhow::Result<Query
         generator,
         Limits::from_config(config),
         config.generation.max_queue,
+        config.generation.cache_size,
     ))
 }
 

@@ -354,6 +354,16 @@ pub struct Store {
     /// ingested again.
     failed: parking_lot::Mutex<Vec<Version>>,
     failed_file: PathBuf,
+    /// Counts changes to what search can see (see [`Store::version`]).
+    changes: std::sync::atomic::AtomicU64,
+}
+
+struct ChangeGuard<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl Drop for ChangeGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// What an unfinished write was doing, persisted so that a crash can be rolled back or
@@ -511,6 +521,7 @@ impl Store {
             recovered: Vec::new(),
             failed: Default::default(),
             failed_file: dir.join("failed.json"),
+            changes: Default::default(),
         };
         if let Ok(bytes) = std::fs::read(&store.failed_file) {
             *store.failed.get_mut() = serde_json::from_slice(&bytes).unwrap_or_default();
@@ -626,6 +637,7 @@ impl Store {
 
     /// Writes chunks; an existing point with the same id is replaced.
     pub fn upsert(&self, chunks: Vec<(ChunkPayload, Embedding)>) -> Result<()> {
+        let _changed = self.change_on_return();
         if chunks.is_empty() {
             return Ok(());
         }
@@ -650,6 +662,7 @@ impl Store {
 
     /// Removes every chunk of a document.
     pub fn delete_document(&self, document_id: &str) -> Result<()> {
+        let _changed = self.change_on_return();
         self.shard
             .update(UpdateOperation::PointOperation(
                 PointOperations::DeletePointsByFilter(match_keyword("document_id", document_id)?),
@@ -701,6 +714,7 @@ impl Store {
     /// Adds `origin` to a stored document (or updates its metadata). Returns whether the
     /// source was new to the document.
     pub fn attach(&self, document_id: &str, origin: &Origin) -> Result<bool> {
+        let _changed = self.change_on_return();
         let mut origins = self.origins(document_id)?;
         if origins.is_empty() {
             return Err(Error::Store(format!(
@@ -725,6 +739,7 @@ impl Store {
     /// Removes `source` from a document's origins; a document left without sources is
     /// deleted.
     pub fn detach(&self, document_id: &str, source: &str) -> Result<()> {
+        let _changed = self.change_on_return();
         let mut origins = self.origins(document_id)?;
         let before = origins.len();
         origins.retain(|o| o.source != source);
@@ -829,6 +844,7 @@ impl Store {
         origin: Option<&Origin>,
         replaces: &[Version],
     ) -> Result<()> {
+        let _changed = self.change_on_return();
         // the new version must be durable before the journal says it is complete
         self.shard.flush();
         self.journal_write(
@@ -874,6 +890,7 @@ impl Store {
 
     /// Deletes a version that could not be written completely.
     pub fn abort(&self, version: &Version) -> Result<()> {
+        let _changed = self.change_on_return();
         self.delete_document(&version.document_id)?;
         self.hidden.write().remove(&version.document_id);
         self.journal_clear(version)
@@ -1176,6 +1193,20 @@ impl Store {
             chunks,
             chunks_total: p.chunks_total,
         }))
+    }
+
+    /// A number that changes whenever what search can see may have changed (a document
+    /// written, published, rolled back, deleted, or a source added or removed); caches of
+    /// answers compare it.
+    pub fn version(&self) -> u64 {
+        self.changes.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Bumps [`Self::version`] when the returned guard drops, i.e. after the change is
+    /// done (whichever way the method returns), so an answer computed from the old state
+    /// is never filed under the new version.
+    fn change_on_return(&self) -> ChangeGuard<'_> {
+        ChangeGuard(&self.changes)
     }
 
     /// Makes everything written so far durable.

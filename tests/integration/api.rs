@@ -590,21 +590,7 @@ async fn request_stop_sequences_cut_the_answer() {
 /// instead of queueing without bound; the answer in flight is not disturbed.
 #[tokio::test]
 async fn a_full_queue_answers_429_with_retry_after() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = crate::helpers::config(&dir.path().join("index"));
-    config.generation.max_queue = 1;
-    {
-        let index = docent::startup::open_index(&config).unwrap();
-        let ingestor = docent::startup::ingestor(&config, &index).unwrap();
-        let report = ingestor
-            .ingest_paths(
-                &[crate::helpers::rust_book(OWNERSHIP)],
-                &docent_ingest::pipeline::Silent,
-            )
-            .unwrap();
-        assert_eq!(report.ingested.len(), 1);
-    }
-    let address = crate::helpers::serve(config);
+    let (_dir, address) = own_server(|c| c.generation.max_queue = 1);
     let c = client();
     let url = format!("{address}/v1/query");
     let body = json!({"question": "What is ownership in Rust?",
@@ -627,4 +613,77 @@ async fn a_full_queue_answers_429_with_retry_after() {
     // with the slot free again, the next request is served
     let third = c.post(&url).json(&body).send().await.unwrap();
     assert_eq!(third.status(), 200);
+}
+
+/// A server of its own (settings changed by `adjust`) over the ownership chapter, for
+/// tests that would disturb the shared one.
+fn own_server(adjust: impl FnOnce(&mut docent::config::Config)) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = crate::helpers::config(&dir.path().join("index"));
+    adjust(&mut config);
+    {
+        let index = docent::startup::open_index(&config).unwrap();
+        let ingestor = docent::startup::ingestor(&config, &index).unwrap();
+        let report = ingestor
+            .ingest_paths(
+                &[crate::helpers::rust_book(OWNERSHIP)],
+                &docent_ingest::pipeline::Silent,
+            )
+            .unwrap();
+        assert_eq!(report.ingested.len(), 1);
+    }
+    let address = crate::helpers::serve(config);
+    (dir, address)
+}
+
+/// A repeated greedy question is answered from the cache, without the model; a change to
+/// the index (an upload) invalidates it; sampled answers are never cached.
+#[tokio::test]
+async fn repeated_questions_are_answered_from_the_cache_until_the_index_changes() {
+    let (_dir, address) = own_server(|_| {});
+    let c = client();
+    let url = format!("{address}/v1/query");
+    let ask = |body: Value| {
+        let req = c.post(&url).json(&body).send();
+        async move {
+            let v: Value = req.await.unwrap().json().await.unwrap();
+            v
+        }
+    };
+    let q = json!({"question": "What is ownership in Rust?", "generation": {"max_tokens": 16}});
+    let first = ask(q.clone()).await;
+    assert_eq!(first["cached"], false, "{first}");
+    let second = ask(q.clone()).await;
+    assert_eq!(second["cached"], true, "{second}");
+    assert_eq!(second["answer"], first["answer"]);
+    assert_eq!(second["citations"], first["citations"]);
+    assert_eq!(second["usage"]["generation_ms"], 0.0);
+    // other generation parameters are another entry
+    let longer = ask(json!({"question": "What is ownership in Rust?",
+                            "generation": {"max_tokens": 17}}))
+    .await;
+    assert_eq!(longer["cached"], false, "{longer}");
+    // sampled answers are not cached
+    let sampled = json!({"question": "What is ownership in Rust?",
+                         "generation": {"max_tokens": 4, "temperature": 0.7}});
+    ask(sampled.clone()).await;
+    assert_eq!(ask(sampled).await["cached"], false);
+    // an upload changes the index: the next answer is computed again
+    let form = reqwest::multipart::Form::new().part(
+        "file",
+        part("extra.md", b"# Extra\n\nBorrowing rules in short."),
+    );
+    let job: Value = c
+        .post(format!("{address}/v1/documents"))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let done = wait_for_job(&c, &address, job["job_id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "done", "{done}");
+    let after = ask(q).await;
+    assert_eq!(after["cached"], false, "{after}");
 }
