@@ -61,7 +61,7 @@ def build_app(args):
     embedder = bench_ingest_peer.Embedder(args.model_dir, args.threads)
     bm25 = Bm25(Bm25Config())
     shard = EdgeShard.load(args.shard)
-    query = edge_query(shard, args) if args.store == "edge" else client_query(shard, args)
+    query = edge_query(shard, args) if args.store == "edge" else client_query(shard, args, embedder.dim)
     app = FastAPI()
 
     @app.get("/healthz")
@@ -108,11 +108,10 @@ def edge_query(shard, args):
     return query
 
 
-def client_query(shard, args):
+def client_query(shard, args, dim):
     from qdrant_client import QdrantClient, models
     from qdrant_edge import ScrollRequest
     client = QdrantClient(":memory:")
-    dim = len(embedder_probe(args))
     client.create_collection("chunks", vectors_config={DENSE: models.VectorParams(size=dim, distance=models.Distance.COSINE)},
                              sparse_vectors_config={SPARSE: models.SparseVectorParams(modifier=models.Modifier.IDF)})
     offset, loaded = None, 0
@@ -145,10 +144,6 @@ def client_query(shard, args):
         sparse_list = client.query_points("chunks", query=sv, using=SPARSE, limit=depth).points
         return fused, {p.id: p.score for p in dense_list}, {p.id: p.score for p in sparse_list}
     return query
-
-
-def embedder_probe(args):
-    return bench_ingest_peer.Embedder(args.model_dir, 1).embed(["probe"])[0]
 
 
 def main():

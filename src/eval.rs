@@ -15,7 +15,7 @@ use std::time::Instant;
 use anyhow::Context;
 use docent_ingest::load::{Document, Format};
 use docent_ingest::pipeline::{Input, Silent};
-use docent_ingest::store::{Fusion, SearchFilter, SearchMode};
+use docent_ingest::store::{SearchFilter, SearchMode};
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
@@ -425,6 +425,14 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i - 1]
 }
 
+/// The questions of a BEIR `queries.jsonl`, in file order.
+pub fn questions(path: &Path) -> anyhow::Result<Vec<String>> {
+    Ok(jsonl::<QueryLine>(path)?
+        .into_iter()
+        .map(|q| q.text)
+        .collect())
+}
+
 /// Ingests the corpus into a temporary index and evaluates `modes` on up to `limit` queries
 /// (those with relevant documents, in file order).
 pub fn run(
@@ -471,15 +479,17 @@ pub fn run(
     let mut best_scores: Vec<(f32, bool)> = Vec::new();
     for q in queries {
         let t = Instant::now();
-        let embedded = index.embedder.embed_query(&q.text)?;
+        let embedded = index.embed_query(&q.text)?;
         let embed_ms = t.elapsed().as_secs_f64() * 1e3;
-        let plain = Fusion {
-            mmr_lambda: None,
-            ..index.fusion
-        };
         let best = index
             .store
-            .search_scores(&embedded, SearchMode::Dense, &plain, 1, &none)?
+            .search_scores(
+                &embedded,
+                SearchMode::Dense,
+                &index.fusion.without_mmr(),
+                1,
+                &none,
+            )?
             .first()
             .map_or(f32::MIN, |h| h.1);
         let Some(relevant) = data.qrels.get(&q.id) else {

@@ -10,7 +10,7 @@ use crate::config::{Config, MAX_NEIGHBORS};
 use crate::generate::{GenerateError, Generator, Params};
 use crate::postprocess::{self, Citation};
 use crate::prompt::{ContextBlock, PromptError, Prompts};
-use crate::retrieve::{Index, Scores};
+use crate::retrieve::{Index, Retrieved, Scores};
 use docent_ingest::store::Span;
 use docent_ingest::store::{SearchFilter, SearchMode};
 
@@ -435,19 +435,26 @@ impl QueryEngine {
         &self.limits
     }
 
-    /// Retrieval only: the chunks `answer` would put in the prompt, with their scores.
-    pub async fn search(&self, request: SearchRequest) -> Result<SearchResponse, QueryError> {
-        let s = request.validate(&self.limits)?;
+    /// The retrieve stage for both endpoints, on a blocking thread: ranked chunks with
+    /// their scores, neighbours joined.
+    async fn retrieve(&self, s: ValidSearch) -> Result<(Retrieved, Vec<Scores>), QueryError> {
         let index = self.index.clone();
-        let mode = s.mode;
-        let (retrieved, scores) = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             let (mut retrieved, scores) =
                 index.retrieve_scored(&s.question, s.top_k, s.mode, &s.filter)?;
             index.expand(&mut retrieved.hits, s.neighbors)?;
             Ok::<_, docent_ingest::Error>((retrieved, scores))
         })
         .await
-        .map_err(|e| QueryError::Internal(e.to_string()))??;
+        .map_err(|e| QueryError::Internal(e.to_string()))?
+        .map_err(QueryError::from)
+    }
+
+    /// Retrieval only: the chunks `answer` would put in the prompt, with their scores.
+    pub async fn search(&self, request: SearchRequest) -> Result<SearchResponse, QueryError> {
+        let s = request.validate(&self.limits)?;
+        let mode = s.mode;
+        let (retrieved, scores) = self.retrieve(s).await?;
         let hits = retrieved
             .hits
             .into_iter()
@@ -498,15 +505,7 @@ impl QueryEngine {
             });
         }
 
-        let index = self.index.clone();
-        let s = q.search.clone();
-        let retrieved = tokio::task::spawn_blocking(move || {
-            let mut retrieved = index.retrieve_with(&s.question, s.top_k, s.mode, &s.filter)?;
-            index.expand(&mut retrieved.hits, s.neighbors)?;
-            Ok::<_, docent_ingest::Error>(retrieved)
-        })
-        .await
-        .map_err(|e| QueryError::Internal(e.to_string()))??;
+        let (retrieved, _) = self.retrieve(q.search.clone()).await?;
 
         let relevant = retrieved
             .best_dense

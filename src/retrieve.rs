@@ -61,18 +61,7 @@ impl Index {
         top_k: usize,
         only: &SearchFilter,
     ) -> docent_ingest::Result<Retrieved> {
-        self.retrieve_with(question, top_k, self.mode, only)
-    }
-
-    /// [`Self::retrieve`] with a given ranking.
-    pub fn retrieve_with(
-        &self,
-        question: &str,
-        top_k: usize,
-        mode: SearchMode,
-        only: &SearchFilter,
-    ) -> docent_ingest::Result<Retrieved> {
-        Ok(self.retrieve_scored(question, top_k, mode, only)?.0)
+        Ok(self.retrieve_scored(question, top_k, self.mode, only)?.0)
     }
 
     /// Dense (batched with concurrent questions) and BM25 vectors of a question.
@@ -98,10 +87,7 @@ impl Index {
         only: &SearchFilter,
     ) -> docent_ingest::Result<Ranked> {
         let depth = top_k.max(1) * self.fusion.candidates.max(1);
-        let plain = Fusion {
-            mmr_lambda: None,
-            ..self.fusion
-        };
+        let plain = self.fusion.without_mmr();
         let dense = self
             .store
             .search_scores(query, SearchMode::Dense, &plain, depth, only)?;
@@ -126,8 +112,8 @@ impl Index {
         })
     }
 
-    /// [`Self::retrieve_with`], plus each hit's dense and sparse score (from the candidate
-    /// lists) and its fused score.
+    /// The best `top_k` chunks under `mode`, with each hit's dense and sparse score (from
+    /// the candidate lists) and its fused score.
     pub fn retrieve_scored(
         &self,
         question: &str,
@@ -169,26 +155,37 @@ impl Index {
     /// Neighbour expansion: joins up to `n` chunks before and after each hit (same
     /// document) into the hit's text and span, so the prompt sees the passage around
     /// it. A neighbour that is a hit itself, or already joined to a better hit, is left
-    /// there (no text twice). Blocking: reads the neighbours from the store.
+    /// there (no text twice). Blocking: reads the neighbours from the store, in one read.
     pub fn expand(&self, hits: &mut [Hit], n: usize) -> docent_ingest::Result<()> {
         if n == 0 {
             return Ok(());
         }
+        // every neighbour that may be needed, read at once
+        let wanted: Vec<u64> = hits
+            .iter()
+            .flat_map(|h| {
+                let (doc, i) = (&h.payload.document_id, h.payload.chunk_index);
+                (i.saturating_sub(n)..=i + n)
+                    .filter(move |&j| j != i)
+                    .map(move |j| point_id(doc, j))
+            })
+            .collect();
+        let mut stored = self.store.payloads(&wanted)?;
         let mut taken: HashSet<(String, usize)> = hits
             .iter()
             .map(|h| (h.payload.document_id.clone(), h.payload.chunk_index))
             .collect();
         for h in hits.iter_mut() {
             let (doc, i) = (h.payload.document_id.clone(), h.payload.chunk_index);
-            let mut take = |j: usize| -> docent_ingest::Result<Option<_>> {
+            let mut take = |j: usize| {
                 if !taken.insert((doc.clone(), j)) {
-                    return Ok(None);
+                    return None;
                 }
-                self.store.chunk(&doc, j)
+                stored.remove(&point_id(&doc, j))
             };
             let mut before = Vec::new();
             for j in (i.saturating_sub(n)..i).rev() {
-                match take(j)? {
+                match take(j) {
                     Some(c) => before.push(c),
                     None => break,
                 }
@@ -196,7 +193,7 @@ impl Index {
             before.reverse();
             let mut after = Vec::new();
             for j in i + 1..=i + n {
-                match take(j)? {
+                match take(j) {
                     Some(c) => after.push(c),
                     None => break,
                 }

@@ -205,18 +205,6 @@ impl Embedder {
         self.bm25.embed_document(text)
     }
 
-    /// Dense and BM25 vectors for a query.
-    pub fn embed_query(&self, text: &str) -> Result<Embedding> {
-        let dense = self
-            .embed_dense(&[text])?
-            .pop()
-            .ok_or_else(|| Error::Embed("model returned no embedding".into()))?;
-        Ok(Embedding {
-            dense,
-            sparse: self.embed_sparse_query(text),
-        })
-    }
-
     /// The BM25 vector of a query (term weights 1; the engine applies IDF).
     pub fn embed_sparse_query(&self, text: &str) -> SparseVector {
         self.bm25.embed_query(text)

@@ -221,6 +221,15 @@ impl Default for Fusion {
 }
 
 impl Fusion {
+    /// The same settings without MMR: the rankings as they are (their scores are
+    /// similarities, not MMR scores).
+    pub fn without_mmr(&self) -> Fusion {
+        Fusion {
+            mmr_lambda: None,
+            ..*self
+        }
+    }
+
     /// Fuses a dense and a sparse ranking (point id, score; best first) into one, best
     /// first, exactly as Qdrant's engine does (its `score_fusion` / `rrf_scoring`), so the
     /// lists a search already fetched need no second, fused search:
@@ -1052,8 +1061,18 @@ impl Store {
     /// The chunks of scored point ids (from [`Self::search_scores`] or a fusion of such
     /// lists), in the order given, with their scores; ids no longer stored are skipped.
     pub fn hits(&self, scored: &[(u64, f32)]) -> Result<Vec<Hit>> {
-        let ids: Vec<PointId> = scored.iter().map(|p| PointId::NumId(p.0)).collect();
-        let mut records = self
+        let ids: Vec<u64> = scored.iter().map(|p| p.0).collect();
+        let mut found = self.payloads(&ids)?;
+        Ok(scored
+            .iter()
+            .filter_map(|&(id, score)| found.remove(&id).map(|payload| Hit { payload, score }))
+            .collect())
+    }
+
+    /// The stored payloads of point ids, in one read; ids not stored are absent.
+    pub fn payloads(&self, ids: &[u64]) -> Result<std::collections::HashMap<u64, ChunkPayload>> {
+        let ids: Vec<PointId> = ids.iter().map(|&id| PointId::NumId(id)).collect();
+        let records = self
             .shard
             .retrieve(
                 &ids,
@@ -1061,21 +1080,18 @@ impl Store {
                 Some(WithVector::Bool(false)),
             )
             .map_err(store_err)?;
-        let mut hits = Vec::with_capacity(scored.len());
-        for &(id, score) in scored {
-            let Some(i) = records.iter().position(|r| r.id == PointId::NumId(id)) else {
-                continue;
-            };
-            let payload = records
-                .swap_remove(i)
-                .payload
-                .ok_or_else(|| Error::Store("point without payload".into()))?;
-            hits.push(Hit {
-                payload: parse_payload(payload)?,
-                score,
-            });
-        }
-        Ok(hits)
+        records
+            .into_iter()
+            .map(|r| {
+                let PointId::NumId(id) = r.id else {
+                    return Err(Error::Store(format!("unexpected point id {}", r.id)));
+                };
+                let payload = r
+                    .payload
+                    .ok_or_else(|| Error::Store("point without payload".into()))?;
+                Ok((id, parse_payload(payload)?))
+            })
+            .collect()
     }
 
     /// Builds the vector indexes (HNSW) of segments large enough to need one and merges
@@ -1152,15 +1168,8 @@ impl Store {
 
     /// One chunk of a document, by its index.
     pub fn chunk(&self, document_id: &str, chunk_index: usize) -> Result<Option<ChunkPayload>> {
-        let id = PointId::NumId(point_id(document_id, chunk_index));
-        let records = self
-            .shard
-            .retrieve(&[id], Some(WithPayloadInterface::Bool(true)), None)
-            .map_err(store_err)?;
-        let Some(payload) = records.into_iter().next().and_then(|r| r.payload) else {
-            return Ok(None);
-        };
-        parse_payload(payload).map(Some)
+        let id = point_id(document_id, chunk_index);
+        Ok(self.payloads(&[id])?.remove(&id))
     }
 
     /// The payload of one chunk of a document (the fields every chunk shares).

@@ -188,23 +188,13 @@ pub fn run(config: &Config, opts: &Options) -> anyhow::Result<QueryBench> {
 }
 
 fn read_queries(path: &Path) -> anyhow::Result<Vec<String>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading the questions {}", path.display()))?;
-    let mut out = Vec::new();
-    for (n, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        let v: serde_json::Value = serde_json::from_str(line)
-            .with_context(|| format!("{} line {}: not JSON", path.display(), n + 1))?;
-        let q = v["text"]
-            .as_str()
-            .with_context(|| format!("{} line {}: no \"text\" field", path.display(), n + 1))?;
-        out.push(q.to_string());
-    }
-    anyhow::ensure!(!out.is_empty(), "{} holds no questions", path.display());
-    Ok(out)
+    let questions = crate::eval::questions(path)?;
+    anyhow::ensure!(
+        !questions.is_empty(),
+        "{} holds no questions",
+        path.display()
+    );
+    Ok(questions)
 }
 
 /// The cached index of about `size` chunks, built if missing or made differently.
