@@ -8,7 +8,8 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::generate::GenerateError;
-use crate::query::{QueryEngine, QueryError, QueryRequest, SearchRequest};
+use crate::prompt::PromptError;
+use crate::query::{QueryEngine, QueryError, QueryEvent, QueryRequest, SearchRequest};
 
 #[derive(Debug, Serialize)]
 pub struct ApiError {
@@ -57,6 +58,9 @@ impl From<QueryError> for ApiError {
         match e {
             QueryError::Invalid { .. } => {
                 ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message)
+            }
+            QueryError::Prompt(PromptError::TooLong { .. }) => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "prompt_too_long", message)
             }
             QueryError::Generate(GenerateError::Validation(_)) => {
                 ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message)
@@ -114,8 +118,47 @@ async fn query(
     engine: web::Data<QueryEngine>,
     body: web::Json<QueryRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let response = engine.answer(body.into_inner()).await?;
+    let request = body.into_inner();
+    if request.stream {
+        let events = engine.into_inner().answer_stream(request).await?;
+        return Ok(HttpResponse::Ok()
+            .content_type("text/event-stream")
+            .insert_header(("Cache-Control", "no-cache"))
+            .insert_header(("X-Accel-Buffering", "no"))
+            .streaming(sse(events)));
+    }
+    let response = engine.answer(request).await?;
     Ok(HttpResponse::Ok().json(response))
+}
+
+/// Server-Sent Events: `event: <type>` and a JSON `data:` line per event; keep-alives are
+/// comments. Dropping this body (the client went away) drops the receiver, which cancels
+/// the generation.
+fn sse(
+    events: tokio::sync::mpsc::Receiver<QueryEvent>,
+) -> impl futures::Stream<Item = Result<web::Bytes, actix_web::Error>> {
+    futures::stream::unfold(events, |mut events| async move {
+        let event = events.recv().await?;
+        Some((Ok(web::Bytes::from(sse_frame(event))), events))
+    })
+}
+
+pub fn sse_frame(event: QueryEvent) -> String {
+    let (name, data) = match event {
+        QueryEvent::KeepAlive => return ": keep-alive\n\n".to_string(),
+        QueryEvent::Retrieval(r) => ("retrieval", serde_json::to_string(&r)),
+        QueryEvent::Delta { text } => ("delta", serde_json::to_string(&json!({ "text": text }))),
+        QueryEvent::Citation(c) => ("citation", serde_json::to_string(&c)),
+        QueryEvent::Done(r) => ("done", serde_json::to_string(&r)),
+        QueryEvent::Error(e) => (
+            "error",
+            serde_json::to_string(&json!({ "error": ApiError::from(e) })),
+        ),
+    };
+    let data = data.unwrap_or_else(|e| {
+        json!({ "error": { "code": "internal", "message": e.to_string() } }).to_string()
+    });
+    format!("event: {name}\ndata: {data}\n\n")
 }
 
 async fn search(
@@ -144,7 +187,11 @@ async fn healthz(engine: web::Data<QueryEngine>) -> Result<HttpResponse, ApiErro
                 e.to_string(),
             )
         })?;
-    Ok(HttpResponse::Ok().json(json!({ "status": "ok", "chunks": chunks })))
+    Ok(HttpResponse::Ok().json(json!({
+        "status": "ok",
+        "chunks": chunks,
+        "generation": engine.generator().stats(),
+    })))
 }
 
 async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {

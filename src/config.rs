@@ -49,6 +49,13 @@ pub struct ServerConfig {
     pub max_question_chars: usize,
     /// Largest accepted uploaded file, bytes.
     pub max_upload_bytes: usize,
+    /// A streamed answer with nothing new for this long gets a keep-alive comment.
+    #[serde(default = "default_keep_alive_ms")]
+    pub keep_alive_ms: u64,
+}
+
+fn default_keep_alive_ms() -> u64 {
+    15_000
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -161,6 +168,9 @@ pub struct GenerationConfig {
     pub repetition_penalty: f32,
     /// Sequences the engine schedules at once.
     pub max_num_seqs: usize,
+    /// Tokens of context (prompt and answer) to use; 0 = the model's own length.
+    #[serde(default)]
+    pub context_tokens: usize,
     /// Answers generating or waiting for the engine at once; more get 429 with
     /// `Retry-After`.
     #[serde(default = "default_max_queue")]
@@ -191,6 +201,7 @@ impl Default for Config {
                 max_body_bytes: 64 * 1024,
                 max_question_chars: 2000,
                 max_upload_bytes: 64 << 20,
+                keep_alive_ms: default_keep_alive_ms(),
             },
             embedding: EmbeddingConfig {
                 model_dir: "models/all-MiniLM-L6-v2".into(),
@@ -227,6 +238,7 @@ impl Default for Config {
                 top_k: 0,
                 repetition_penalty: 1.0,
                 max_num_seqs: 8,
+                context_tokens: 0,
                 max_queue: default_max_queue(),
                 cache_size: default_cache_size(),
             },

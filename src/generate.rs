@@ -7,7 +7,9 @@
 
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use mistralrs::core::{
     DefaultSchedulerMethod, GGUFLoaderBuilder, GGUFSpecificConfig, MistralRsBuilder, ModelDType,
@@ -16,11 +18,12 @@ use mistralrs::core::{
 use mistralrs::{
     AutoDeviceMapParams, Constraint, DeviceMapSetting, Model, NormalRequest, Request,
     RequestBuilder, RequestLike, RequestMessage, Response, SamplingParams, StopTokens,
-    TextMessageRole, TokenSource,
+    TextMessageRole, TextMessages, TokenSource,
 };
 use tokio::sync::mpsc;
 
 use crate::config::GenerationConfig;
+use crate::prompt::{Prompt, Role, TokenCounter};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GenerateError {
@@ -64,6 +67,142 @@ pub struct Generation {
 pub struct Generator {
     model: Model,
     path: PathBuf,
+    tokens: TokenCounter,
+    /// The model's context length in tokens (prompt and answer together).
+    context_tokens: usize,
+    counters: Arc<Counters>,
+}
+
+/// What the engine is doing, for `/healthz` and the tests.
+#[derive(Debug, Default)]
+struct Counters {
+    /// Generations running or waiting in the engine.
+    active: AtomicUsize,
+    /// Streams given up by their client whose sequence the engine has dropped.
+    cancelled: AtomicU64,
+}
+
+/// A snapshot of [`Counters`].
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct EngineStats {
+    pub active: usize,
+    pub cancelled: u64,
+}
+
+/// One event of a streamed generation.
+#[derive(Debug)]
+pub enum StreamEvent {
+    /// Raw text the model produced (stop sequences not cut yet).
+    Delta(String),
+    /// The end, with the usage; `text` is empty (the deltas carry it).
+    Done(Generation),
+}
+
+/// A generation in progress. Dropping it before `Done` cancels the generation: the engine
+/// notices at its next token and drops the sequence (counted in `cancelled` once it has).
+pub struct GenerationStream {
+    rx: Option<mpsc::Receiver<Response>>,
+    counters: Arc<Counters>,
+    /// `Done` was delivered (or an error): the engine is finished with the sequence.
+    finished: bool,
+    /// `Done`, held back while the text of the last chunk is delivered.
+    pending_done: Option<Generation>,
+    started: Instant,
+    first_token_ms: Option<f64>,
+}
+
+impl GenerationStream {
+    /// The next event; `None` after `Done` or an error.
+    pub async fn next(&mut self) -> Option<Result<StreamEvent, GenerateError>> {
+        if let Some(done) = self.pending_done.take() {
+            self.finished = true;
+            return Some(Ok(StreamEvent::Done(done)));
+        }
+        if self.finished {
+            return None;
+        }
+        let rx = self.rx.as_mut()?;
+        let Some(response) = rx.recv().await else {
+            self.finished = true;
+            return Some(Err(GenerateError::Engine(
+                "the engine dropped the request".into(),
+            )));
+        };
+        let Response::Chunk(chunk) = response else {
+            self.finished = true;
+            return Some(Err(response_error(response)));
+        };
+        let (text, finish_reason) = match chunk.choices.into_iter().next() {
+            Some(c) => (c.delta.content.unwrap_or_default(), c.finish_reason),
+            None => (String::new(), None),
+        };
+        if !text.is_empty() && self.first_token_ms.is_none() {
+            self.first_token_ms = Some(self.started.elapsed().as_secs_f64() * 1e3);
+        }
+        if let Some(finish_reason) = finish_reason {
+            let (prompt_tokens, completion_tokens) = chunk
+                .usage
+                .map_or((0, 0), |u| (u.prompt_tokens, u.completion_tokens));
+            let done = Generation {
+                text: String::new(),
+                prompt_tokens,
+                completion_tokens,
+                finish_reason,
+                token_ids: None,
+            };
+            if text.is_empty() {
+                self.finished = true;
+                return Some(Ok(StreamEvent::Done(done)));
+            }
+            self.pending_done = Some(done);
+        }
+        Some(Ok(StreamEvent::Delta(text)))
+    }
+
+    /// Milliseconds from the request to the first generated text.
+    pub fn first_token_ms(&self) -> Option<f64> {
+        self.first_token_ms
+    }
+}
+
+impl Drop for GenerationStream {
+    fn drop(&mut self) {
+        let counters = self.counters.clone();
+        let Some(mut rx) = self.rx.take() else {
+            return;
+        };
+        if self.finished {
+            counters.active.fetch_sub(1, Ordering::Relaxed);
+            return;
+        }
+        // Closing the channel makes the engine's next send fail, which cancels the
+        // sequence; the channel reports its end once the engine has dropped the sequence.
+        rx.close();
+        let wait = async move {
+            while rx.recv().await.is_some() {}
+            counters.cancelled.fetch_add(1, Ordering::Relaxed);
+            counters.active.fetch_sub(1, Ordering::Relaxed);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(wait);
+            }
+            Err(_) => {
+                self.counters.active.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+fn response_error(response: Response) -> GenerateError {
+    match response {
+        Response::ValidationError(e) => GenerateError::Validation(e.to_string()),
+        Response::InternalError(e) => GenerateError::Engine(e.to_string()),
+        Response::ModelError(m, _) | Response::CompletionModelError(m, _) => {
+            GenerateError::Engine(m)
+        }
+        _ => GenerateError::Engine("unexpected response kind".into()),
+    }
 }
 
 fn dtype(name: &str) -> ModelDType {
@@ -129,6 +268,20 @@ impl Generator {
         .map_err(|e| load_err(e.to_string()))?
         .map_err(load_err)?;
 
+        let (encode, context_tokens) = {
+            let p = pipeline.lock().await;
+            let tokenizer = p
+                .tokenizer()
+                .ok_or_else(|| load_err("the model has no tokenizer".into()))?;
+            let encode = move |text: &str| {
+                tokenizer
+                    .encode(text, false)
+                    .map(|e| e.get_ids().len())
+                    // an encoding failure still has to count: assume a token per byte
+                    .unwrap_or(text.len())
+            };
+            (encode, p.get_metadata().max_seq_len)
+        };
         let runner = MistralRsBuilder::new(
             pipeline,
             SchedulerConfig::DefaultScheduler {
@@ -140,10 +293,38 @@ impl Generator {
         .with_no_prefix_cache(true)
         .build()
         .await;
+        let model = Model::new(runner);
+        let tokens = template_overhead(&model, encode)
+            .await
+            .map_err(|e| load_err(format!("measuring the chat template: {e}")))?;
+        let context_tokens = match config.context_tokens {
+            0 => context_tokens,
+            n => n.min(context_tokens),
+        };
         Ok(Generator {
-            model: Model::new(runner),
+            model,
             path,
+            tokens,
+            context_tokens,
+            counters: Arc::default(),
         })
+    }
+
+    /// The model's tokenizer, for the prompt budget.
+    pub fn tokens(&self) -> &TokenCounter {
+        &self.tokens
+    }
+
+    /// Tokens the prompt and the answer may use together.
+    pub fn context_tokens(&self) -> usize {
+        self.context_tokens
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            active: self.counters.active.load(Ordering::Relaxed),
+            cancelled: self.counters.cancelled.load(Ordering::Relaxed),
+        }
     }
 
     pub fn model_path(&self) -> &Path {
@@ -153,15 +334,32 @@ impl Generator {
     /// Chat generation with the model's own chat template.
     pub async fn chat(
         &self,
-        system: &str,
-        user: &str,
+        prompt: &Prompt,
         params: &Params,
     ) -> Result<Generation, GenerateError> {
-        let mut builder = RequestBuilder::new()
-            .add_message(TextMessageRole::System, system)
-            .add_message(TextMessageRole::User, user);
-        let messages = builder.take_messages();
-        self.run(messages, sampling(params), false).await
+        self.run(messages(prompt), sampling(params), false).await
+    }
+
+    /// Chat generation, token by token.
+    pub async fn stream(
+        &self,
+        prompt: &Prompt,
+        params: &Params,
+    ) -> Result<GenerationStream, GenerateError> {
+        // room for a few chunks: the engine waits on a full channel
+        let (tx, rx) = mpsc::channel(64);
+        let started = Instant::now();
+        self.send(messages(prompt), sampling(params), false, true, tx)
+            .await?;
+        self.counters.active.fetch_add(1, Ordering::Relaxed);
+        Ok(GenerationStream {
+            rx: Some(rx),
+            counters: self.counters.clone(),
+            finished: false,
+            pending_done: None,
+            started,
+            first_token_ms: None,
+        })
     }
 
     /// Raw completion from token ids (no template), greedy; returns the generated ids too.
@@ -200,19 +398,20 @@ impl Generator {
             .map_err(|e| GenerateError::Engine(e.to_string()))
     }
 
-    async fn run(
+    async fn send(
         &self,
         messages: RequestMessage,
         sampling_params: SamplingParams,
         logprobs: bool,
-    ) -> Result<Generation, GenerateError> {
-        let (tx, mut rx) = mpsc::channel(8);
+        is_streaming: bool,
+        tx: mpsc::Sender<Response>,
+    ) -> Result<(), GenerateError> {
         let request = Request::Normal(Box::new(NormalRequest {
             messages,
             sampling_params,
             response: tx,
             return_logprobs: logprobs,
-            is_streaming: false,
+            is_streaming,
             id: self.model.inner().next_request_id(),
             constraint: Constraint::None,
             suffix: None,
@@ -230,10 +429,29 @@ impl Generator {
             .map_err(|e| GenerateError::Engine(e.to_string()))?
             .send(request)
             .await
-            .map_err(|e| GenerateError::Engine(e.to_string()))?;
-        let response = rx
-            .recv()
-            .await
+            .map_err(|e| GenerateError::Engine(e.to_string()))
+    }
+
+    async fn run(
+        &self,
+        messages: RequestMessage,
+        sampling_params: SamplingParams,
+        logprobs: bool,
+    ) -> Result<Generation, GenerateError> {
+        let (tx, mut rx) = mpsc::channel(8);
+        self.counters.active.fetch_add(1, Ordering::Relaxed);
+        let sent = self
+            .send(messages, sampling_params, logprobs, false, tx)
+            .await;
+        let response = match sent {
+            Ok(()) => rx.recv().await,
+            Err(e) => {
+                self.counters.active.fetch_sub(1, Ordering::Relaxed);
+                return Err(e);
+            }
+        };
+        self.counters.active.fetch_sub(1, Ordering::Relaxed);
+        let response = response
             .ok_or_else(|| GenerateError::Engine("the engine dropped the request".into()))?;
         match response {
             Response::Done(r) => {
@@ -271,14 +489,56 @@ impl Generator {
                     token_ids,
                 })
             }
-            Response::ValidationError(e) => Err(GenerateError::Validation(e.to_string())),
-            Response::InternalError(e) => Err(GenerateError::Engine(e.to_string())),
-            Response::ModelError(m, _) | Response::CompletionModelError(m, _) => {
-                Err(GenerateError::Engine(m))
-            }
-            _ => Err(GenerateError::Engine("unexpected response kind".into())),
+            other => Err(response_error(other)),
         }
     }
+}
+
+/// The engine's messages for a prompt: system, the earlier turns, then the question.
+fn messages(prompt: &Prompt) -> RequestMessage {
+    let mut builder = RequestBuilder::new().add_message(TextMessageRole::System, &prompt.system);
+    for turn in &prompt.history {
+        let role = match turn.role {
+            Role::User => TextMessageRole::User,
+            Role::Assistant => TextMessageRole::Assistant,
+        };
+        builder = builder.add_message(role, &turn.content);
+    }
+    builder
+        .add_message(TextMessageRole::User, &prompt.user)
+        .take_messages()
+}
+
+/// Measures what the chat template adds around messages, with the engine's own template
+/// rendering and tokenizer: two and three messages of one word each.
+async fn template_overhead(
+    model: &Model,
+    encode: impl Fn(&str) -> usize + Send + Sync + 'static,
+) -> Result<TokenCounter, String> {
+    let word = "hello";
+    let count = |n: usize| {
+        let mut m = TextMessages::new().add_message(TextMessageRole::System, word);
+        for i in 1..n {
+            let role = if i % 2 == 1 {
+                TextMessageRole::User
+            } else {
+                TextMessageRole::Assistant
+            };
+            m = m.add_message(role, word);
+        }
+        async move {
+            model
+                .tokenize(either::Either::Left(m), None, true, true, None)
+                .await
+                .map(|t| t.len())
+                .map_err(|e| e.to_string())
+        }
+    };
+    let (two, three) = (count(2).await?, count(3).await?);
+    let w = encode(word);
+    let per_message = three.saturating_sub(two + w).max(1);
+    let base = two.saturating_sub(2 * (w + per_message));
+    Ok(TokenCounter::new(encode, base, per_message))
 }
 
 fn sampling(params: &Params) -> SamplingParams {

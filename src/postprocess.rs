@@ -213,6 +213,116 @@ pub fn cite(answer: &str, blocks: &[Hit]) -> (String, Vec<Citation>) {
     (text, citations)
 }
 
+/// What one streamed piece of the answer adds: text the client can show now (it never
+/// changes later) and citations whose markers completed in it.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct StreamStep {
+    pub text: String,
+    pub citations: Vec<Citation>,
+    /// A stop sequence was found: the answer is complete.
+    pub stopped: bool,
+}
+
+/// Turns the model's raw deltas into the final answer's text, piece by piece: the
+/// concatenated `text` of every step equals the answer [`cite`] makes from the whole
+/// output. Text that may still change is held back: a possible start of a stop sequence,
+/// trailing whitespace (trimmed at the end), and a marker that is still open (`[1, 2`) or
+/// just closed (`[1](url)` is a link, not a citation).
+#[derive(Debug)]
+pub struct AnswerStream {
+    stops: Vec<String>,
+    raw: String,
+    emitted: usize,
+    cited: HashSet<usize>,
+    stopped: bool,
+}
+
+/// An open marker, with the blanks before it, at the end of the text.
+static OPEN_MARKER: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"[ \t]*\[[ \t\d,\-–]*$").expect("valid regex"));
+/// A complete marker at the end of the text.
+static CLOSED_MARKER: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"[ \t]*\[[ \t]*\d{1,3}(?:[ \t]*(?:,|-|–)[ \t]*\d{1,3})*[ \t]*\]$")
+        .expect("valid regex")
+});
+
+impl AnswerStream {
+    pub fn new(stops: &[String]) -> Self {
+        AnswerStream {
+            stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            raw: String::new(),
+            emitted: 0,
+            cited: HashSet::new(),
+            stopped: false,
+        }
+    }
+
+    /// Adds a raw delta; `blocks` are the context blocks in prompt order.
+    pub fn push(&mut self, delta: &str, blocks: &[Hit]) -> StreamStep {
+        if self.stopped {
+            return StreamStep {
+                stopped: true,
+                ..StreamStep::default()
+            };
+        }
+        self.raw.push_str(delta);
+        let truncated = truncate_at_stop(&self.raw, &self.stops);
+        if truncated.len() < self.raw.len() {
+            self.raw.truncate(truncated.len());
+            self.stopped = true;
+        }
+        let safe = self.safe_len();
+        let mut step = self.advance(safe, blocks);
+        step.stopped = self.stopped;
+        step
+    }
+
+    /// The rest of the answer once the model is done, and the final answer and citations
+    /// (the same as [`cite`] of the whole output).
+    pub fn finish(mut self, blocks: &[Hit]) -> (StreamStep, String, Vec<Citation>) {
+        let step = self.advance(self.raw.len(), blocks);
+        let (answer, citations) = cite(&self.raw, blocks);
+        (step, answer, citations)
+    }
+
+    /// How much of the raw text can no longer change the answer's prefix.
+    fn safe_len(&self) -> usize {
+        if self.stopped {
+            return self.raw.len();
+        }
+        let raw = self.raw.as_str();
+        let mut safe = raw.trim_end().len();
+        // the longest tail that begins a stop sequence
+        for stop in &self.stops {
+            for (i, _) in stop.char_indices().skip(1) {
+                if raw.ends_with(&stop[..i]) {
+                    safe = safe.min(raw.len() - i);
+                }
+            }
+        }
+        let head = &raw[..safe];
+        if let Some(m) = OPEN_MARKER.find(head).or_else(|| CLOSED_MARKER.find(head)) {
+            safe = m.start();
+        }
+        safe
+    }
+
+    /// Emits the answer made of the first `safe` raw bytes, past what was emitted already.
+    fn advance(&mut self, safe: usize, blocks: &[Hit]) -> StreamStep {
+        let (text, citations) = cite(&self.raw[..safe], blocks);
+        let mut step = StreamStep::default();
+        if text.len() > self.emitted && text.is_char_boundary(self.emitted) {
+            step.text = text[self.emitted..].to_string();
+            self.emitted = text.len();
+        }
+        step.citations = citations
+            .into_iter()
+            .filter(|c| self.cited.insert(c.n))
+            .collect();
+        step
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -340,5 +450,140 @@ mod tests {
         let stops = vec!["<|im_end|>".to_string(), "\nQuestion:".to_string()];
         assert_eq!(truncate_at_stop("ok [1]\nQuestion: more", &stops), "ok [1]");
         assert_eq!(truncate_at_stop("plain", &stops), "plain");
+    }
+
+    /// A small deterministic generator for the property tests (no extra dependency).
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    /// Streams `text` in the given pieces; returns the concatenated deltas and the final answer.
+    fn stream(pieces: &[&str], stops: &[String], blocks: &[Hit]) -> (String, String, Vec<usize>) {
+        let mut s = AnswerStream::new(stops);
+        let mut out = String::new();
+        let mut ns = Vec::new();
+        for p in pieces {
+            let step = s.push(p, blocks);
+            out.push_str(&step.text);
+            ns.extend(step.citations.iter().map(|c| c.n));
+            if step.stopped {
+                break;
+            }
+        }
+        let (step, answer, _) = s.finish(blocks);
+        out.push_str(&step.text);
+        ns.extend(step.citations.iter().map(|c| c.n));
+        (out, answer, ns)
+    }
+
+    #[test]
+    fn a_stop_sequence_split_across_deltas_never_reaches_the_client() {
+        let stops = vec!["<|im_end|>".to_string(), "\nQuestion:".to_string()];
+        let blocks = [hit("a", "A.")];
+        let (out, answer, _) = stream(&["Yes [1].", "\nQues", "tion: next"], &stops, &blocks);
+        assert_eq!(out, "Yes [1].");
+        assert_eq!(answer, "Yes [1].");
+        let (out, _, _) = stream(&["ok <|im", "_e", "nd|> junk"], &stops, &blocks);
+        assert_eq!(out, "ok");
+        // a partial stop that turns out not to be one is released
+        let (out, _, _) = stream(&["a <|im", "portant"], &stops, &blocks);
+        assert_eq!(out, "a <|important");
+    }
+
+    #[test]
+    fn markers_are_released_only_when_they_cannot_change() {
+        let stops = vec![];
+        let blocks = [hit("a", "A."), hit("b", "B.")];
+        let mut s = AnswerStream::new(&stops);
+        assert_eq!(s.push("Cargo builds [", &blocks).text, "Cargo builds");
+        assert_eq!(s.push("1", &blocks).text, "");
+        let step = s.push("]", &blocks);
+        assert_eq!(step.text, "");
+        let step = s.push(". Done [7].", &blocks);
+        // an invalid marker is dropped as soon as the text after it is known
+        assert_eq!(step.text, " [1]. Done.");
+        assert_eq!(step.citations.iter().map(|c| c.n).collect::<Vec<_>>(), [1]);
+        let (rest, answer, _) = s.finish(&blocks);
+        assert_eq!(rest.text, "");
+        assert_eq!(answer, "Cargo builds [1]. Done.");
+    }
+
+    #[test]
+    fn property_streamed_text_equals_the_final_answer_for_any_split() {
+        let stops: Vec<String> = ["<|im_end|>", "\nQuestion:", "END"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let blocks = [hit("a", "A is one."), hit("b", "B is two."), hit("c", "C.")];
+        let atoms = [
+            "Rust",
+            " is",
+            " safe",
+            ".",
+            " ",
+            "  ",
+            "\n",
+            "\n\n",
+            "[",
+            "]",
+            "1",
+            "2",
+            "9",
+            ",",
+            "-",
+            "[1]",
+            " [2]",
+            "[1, 3]",
+            "[4]",
+            "(",
+            "http://x)",
+            "`",
+            "```",
+            "v[0]",
+            "<|im",
+            "_end|>",
+            "\nQues",
+            "tion:",
+            "EN",
+            "D",
+            "é",
+            "日本",
+            "[1-3]",
+            " [ 2 ]",
+            "–",
+        ];
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        for _ in 0..3000 {
+            let text: String = (0..rng.below(24))
+                .map(|_| atoms[rng.below(atoms.len())])
+                .collect();
+            // cut the text into random pieces on char boundaries
+            let bounds: Vec<usize> = text.char_indices().map(|(i, _)| i).collect();
+            let mut cuts: Vec<usize> = (0..rng.below(8))
+                .filter_map(|_| bounds.get(rng.below(bounds.len().max(1))).copied())
+                .collect();
+            cuts.extend([0, text.len()]);
+            cuts.sort_unstable();
+            cuts.dedup();
+            let pieces: Vec<&str> = cuts.windows(2).map(|w| &text[w[0]..w[1]]).collect();
+            let (out, answer, ns) = stream(&pieces, &stops, &blocks);
+            let (expected, citations) = cite(truncate_at_stop(&text, &stops), &blocks);
+            assert_eq!(out, expected, "text {text:?} pieces {pieces:?}");
+            assert_eq!(answer, expected);
+            let mut want: Vec<usize> = citations.iter().map(|c| c.n).collect();
+            let mut got = ns.clone();
+            want.sort_unstable();
+            got.sort_unstable();
+            assert_eq!(got, want, "citations of {text:?} pieces {pieces:?}");
+        }
     }
 }

@@ -1,7 +1,11 @@
 //! Stage **prompt**: fills the templates in `prompts/` with the question and the numbered
-//! context blocks.
+//! context blocks, and fits the conversation into the model's context: `max_tokens` are
+//! reserved for the answer, then come the system prompt and the question, then as many
+//! retrieved chunks as fit (the lowest-scored go first), then as many earlier turns as fit
+//! (the oldest go first). Tokens are counted with the model's own tokenizer.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use minijinja::{context, Environment};
 use serde::Serialize;
@@ -16,6 +20,83 @@ const REFUSAL: &str = "refusal.jinja";
 pub enum PromptError {
     #[error("prompt template {name}: {message}")]
     Template { name: String, message: String },
+    #[error("the question with the system prompt and the shortest context needs {needed} tokens, but the model's context leaves {available} after reserving generation.max_tokens = {reserved}; shorten the question or lower generation.max_tokens")]
+    TooLong {
+        needed: usize,
+        available: usize,
+        reserved: usize,
+    },
+}
+
+/// Who said a turn of the conversation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    User,
+    Assistant,
+}
+
+/// An earlier turn of the conversation (`history` of a query).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Turn {
+    pub role: Role,
+    pub content: String,
+}
+
+/// Counts tokens as the model will: its tokenizer for the text of a message, plus what its
+/// chat template adds around the messages.
+#[derive(Clone)]
+pub struct TokenCounter {
+    encode: Arc<dyn Fn(&str) -> usize + Send + Sync>,
+    /// Template tokens: `base + per_message * messages` (with the generation prompt).
+    base: usize,
+    per_message: usize,
+}
+
+impl TokenCounter {
+    pub fn new(
+        encode: impl Fn(&str) -> usize + Send + Sync + 'static,
+        base: usize,
+        per_message: usize,
+    ) -> Self {
+        TokenCounter {
+            encode: Arc::new(encode),
+            base,
+            per_message,
+        }
+    }
+
+    /// Tokens of one message's text.
+    pub fn text(&self, text: &str) -> usize {
+        (self.encode)(text)
+    }
+
+    /// Tokens the template adds for `messages` messages.
+    pub fn template(&self, messages: usize) -> usize {
+        self.base + self.per_message * messages
+    }
+}
+
+/// Room in the model's context.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    /// The model's context length (prompt and answer).
+    pub context_tokens: usize,
+    /// Reserved for the answer.
+    pub max_tokens: usize,
+}
+
+/// A prompt that fits, and what had to go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fitted {
+    pub prompt: Prompt,
+    /// The first `blocks` context blocks were kept.
+    pub blocks: usize,
+    /// Earlier turns left out (the oldest).
+    pub history_dropped: usize,
+    /// The prompt's size as counted.
+    pub prompt_tokens: usize,
 }
 
 /// One numbered context block as the template sees it.
@@ -27,10 +108,12 @@ pub struct ContextBlock<'a> {
     pub text: &'a str,
 }
 
-/// The rendered conversation.
+/// The rendered conversation: system prompt, earlier turns, then the question with its
+/// context.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Prompt {
     pub system: String,
+    pub history: Vec<Turn>,
     pub user: String,
 }
 
@@ -86,7 +169,58 @@ impl Prompts {
         };
         Ok(Prompt {
             system: render(SYSTEM)?.trim().to_string(),
+            history: Vec::new(),
             user: render(USER)?.trim().to_string(),
+        })
+    }
+
+    /// The prompt with as many of `contexts` (best first) and of the most recent `history`
+    /// turns as fit in `budget`; at least one context block, or [`PromptError::TooLong`].
+    pub fn render_within(
+        &self,
+        question: &str,
+        contexts: &[ContextBlock<'_>],
+        history: &[Turn],
+        budget: Budget,
+        tokens: &TokenCounter,
+    ) -> Result<Fitted, PromptError> {
+        let available = budget.context_tokens.saturating_sub(budget.max_tokens);
+        let size = |p: &Prompt| tokens.template(2) + tokens.text(&p.system) + tokens.text(&p.user);
+        // the most blocks that fit: one rendering per try, fewest tries first from the top
+        let mut fitted = None;
+        let mut needed = 0;
+        for kept in (1..=contexts.len()).rev() {
+            let prompt = self.render(question, &contexts[..kept])?;
+            let n = size(&prompt);
+            if n <= available {
+                fitted = Some((prompt, kept, n));
+                break;
+            }
+            needed = n;
+        }
+        let Some((mut prompt, blocks, mut prompt_tokens)) = fitted else {
+            return Err(PromptError::TooLong {
+                needed,
+                available,
+                reserved: budget.max_tokens,
+            });
+        };
+        // then the newest turns, while they fit
+        let mut kept_turns = 0;
+        for turn in history.iter().rev() {
+            let n = tokens.text(&turn.content) + tokens.template(1) - tokens.template(0);
+            if prompt_tokens + n > available {
+                break;
+            }
+            prompt_tokens += n;
+            kept_turns += 1;
+        }
+        prompt.history = history[history.len() - kept_turns..].to_vec();
+        Ok(Fitted {
+            prompt,
+            blocks,
+            history_dropped: history.len() - kept_turns,
+            prompt_tokens,
         })
     }
 }
@@ -147,5 +281,97 @@ mod tests {
         std::fs::write(dir.path().join(USER), "{% for x in %}").unwrap();
         let e = Prompts::load(dir.path()).err().unwrap().to_string();
         assert!(e.contains(USER), "{e}");
+    }
+
+    /// One token per word, and one per template message, plus two.
+    fn words() -> TokenCounter {
+        TokenCounter::new(|t: &str| t.split_whitespace().count(), 2, 1)
+    }
+
+    fn block<'a>(n: usize, text: &'a str) -> ContextBlock<'a> {
+        ContextBlock {
+            n,
+            title: "t",
+            source: "/s.md",
+            text,
+        }
+    }
+
+    #[test]
+    fn the_budget_drops_lowest_scored_chunks_then_oldest_turns() {
+        let prompts = shipped();
+        let long = "word ".repeat(100);
+        let contexts = [block(1, "best chunk"), block(2, &long), block(3, "third")];
+        let history: Vec<Turn> = (0..4)
+            .map(|i| Turn {
+                role: if i % 2 == 0 {
+                    Role::User
+                } else {
+                    Role::Assistant
+                },
+                content: format!("turn {i} ").repeat(15),
+            })
+            .collect();
+        let everything = prompts
+            .render_within(
+                "q?",
+                &contexts,
+                &history,
+                Budget {
+                    context_tokens: 10_000,
+                    max_tokens: 100,
+                },
+                &words(),
+            )
+            .unwrap();
+        assert_eq!((everything.blocks, everything.history_dropped), (3, 0));
+        assert_eq!(everything.prompt.history, history);
+        // 100 words of chunk 2 do not fit in 150 tokens: chunks 2 and 3 go, chunk 1 stays
+        let small = prompts
+            .render_within(
+                "q?",
+                &contexts,
+                &history,
+                Budget {
+                    context_tokens: 250,
+                    max_tokens: 100,
+                },
+                &words(),
+            )
+            .unwrap();
+        assert_eq!(small.blocks, 1);
+        assert!(small.prompt_tokens <= 150, "{}", small.prompt_tokens);
+        assert!(small.prompt.user.contains("best chunk") && !small.prompt.user.contains("third"));
+        // the turns that fit are the newest ones, in their order
+        assert!(
+            small.history_dropped > 0 && small.history_dropped < 4,
+            "{small:?}"
+        );
+        assert_eq!(small.prompt.history, history[small.history_dropped..]);
+        // without room for one chunk: a clear error that says what to change
+        let e = prompts
+            .render_within(
+                "q?",
+                &contexts,
+                &[],
+                Budget {
+                    context_tokens: 120,
+                    max_tokens: 100,
+                },
+                &words(),
+            )
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                PromptError::TooLong {
+                    reserved: 100,
+                    available: 20,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("generation.max_tokens"), "{e}");
     }
 }

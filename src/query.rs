@@ -1,17 +1,19 @@
 //! The query path, shared by `POST /v1/query` and `docent ask`:
 //! **retrieve → prompt → generate → postprocess**.
 
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tracing::info;
 
 use crate::config::{Config, MAX_NEIGHBORS};
-use crate::generate::{GenerateError, Generator, Params};
-use crate::postprocess::{self, Citation};
-use crate::prompt::{ContextBlock, PromptError, Prompts};
+use crate::generate::{GenerateError, Generation, Generator, Params, StreamEvent};
+use crate::postprocess::{self, AnswerStream, Citation};
+use crate::prompt::{Budget, ContextBlock, Prompt, PromptError, Prompts, Turn};
 use crate::retrieve::{Index, Retrieved, Scores};
-use docent_ingest::store::Span;
+use docent_ingest::store::{Hit, Span};
 use docent_ingest::store::{SearchFilter, SearchMode};
 
 /// Stop sequences every answer is cut at: the start of a new turn or question.
@@ -26,9 +28,17 @@ pub struct QueryRequest {
     pub retrieval: RetrievalOptions,
     #[serde(default)]
     pub generation: GenerationOptions,
+    /// Answer as Server-Sent Events (`retrieval`, `delta`, `citation`, `done`, `error`).
     #[serde(default)]
     pub stream: bool,
+    /// Earlier turns of the conversation, oldest first; the oldest are left out when the
+    /// model's context is full.
+    #[serde(default)]
+    pub history: Vec<Turn>,
 }
+
+/// Most earlier turns a request may send.
+pub const MAX_HISTORY: usize = 64;
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -113,6 +123,18 @@ pub struct Usage {
     pub retrieval_ms: f64,
     pub generation_ms: f64,
     pub total_ms: f64,
+    /// Milliseconds from the request to the first answer text (streamed answers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<f64>,
+    /// Generated tokens per second of generation time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_second: Option<f64>,
+    /// Retrieved chunks left out of the prompt because the model's context was full.
+    #[serde(default)]
+    pub context_chunks_dropped: usize,
+    /// Earlier turns left out (the oldest) because the model's context was full.
+    #[serde(default)]
+    pub history_turns_dropped: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -139,6 +161,8 @@ pub enum QueryError {
 pub struct ValidQuery {
     pub search: ValidSearch,
     pub params: Params,
+    pub history: Vec<Turn>,
+    pub stream: bool,
 }
 
 /// Limits a request is checked against.
@@ -157,6 +181,8 @@ pub struct Limits {
     pub default_top_k_tokens: usize,
     pub default_repetition_penalty: f32,
     pub max_question_chars: usize,
+    /// Keep-alive interval of streamed answers.
+    pub keep_alive: Duration,
 }
 
 impl Limits {
@@ -174,6 +200,7 @@ impl Limits {
             default_top_k_tokens: c.generation.top_k,
             default_repetition_penalty: c.generation.repetition_penalty,
             max_question_chars: c.server.max_question_chars,
+            keep_alive: Duration::from_millis(c.server.keep_alive_ms.max(1)),
         }
     }
 }
@@ -256,11 +283,18 @@ impl QueryRequest {
             retrieval: self.retrieval,
         }
         .validate(limits)?;
-        if self.stream {
+        if self.history.len() > MAX_HISTORY {
             return invalid(
-                "stream",
-                "streaming responses are not available yet; send \"stream\": false".into(),
+                "history",
+                format!("at most {MAX_HISTORY} turns, got {}", self.history.len()),
             );
+        }
+        if let Some(i) = self
+            .history
+            .iter()
+            .position(|t| t.content.trim().is_empty())
+        {
+            return invalid("history", format!("turn {i} has no content"));
         }
         let max_tokens = self
             .generation
@@ -342,6 +376,8 @@ impl QueryRequest {
                 repetition_penalty,
                 stop,
             },
+            history: self.history,
+            stream: self.stream,
         })
     }
 }
@@ -353,7 +389,7 @@ pub struct QueryEngine {
     generator: Generator,
     limits: Limits,
     /// One permit per answer generating or waiting for the engine.
-    slots: tokio::sync::Semaphore,
+    slots: Arc<Semaphore>,
     max_queue: usize,
     /// Moving average of generation time (ms), for `Retry-After`.
     generation_ms: std::sync::atomic::AtomicU64,
@@ -424,7 +460,7 @@ impl QueryEngine {
             prompts,
             generator,
             limits,
-            slots: tokio::sync::Semaphore::new(max_queue.max(1)),
+            slots: Arc::new(Semaphore::new(max_queue.max(1))),
             max_queue: max_queue.max(1),
             generation_ms: std::sync::atomic::AtomicU64::new(1000),
             cache: AnswerCache::new(cache_size),
@@ -457,23 +493,9 @@ impl QueryEngine {
         let (retrieved, scores) = self.retrieve(s).await?;
         let hits = retrieved
             .hits
-            .into_iter()
+            .iter()
             .zip(scores)
-            .map(|(h, scores)| {
-                let p = h.payload;
-                SearchHit {
-                    sources: p.all_sources(),
-                    document_id: p.document_id,
-                    source: p.source,
-                    title: p.title,
-                    chunk_index: p.chunk_index,
-                    page: p.page,
-                    span: p.span,
-                    text: p.text,
-                    score: h.score,
-                    scores,
-                }
-            })
+            .map(|(h, scores)| search_hit(h, scores))
             .collect();
         Ok(SearchResponse {
             mode,
@@ -482,36 +504,41 @@ impl QueryEngine {
         })
     }
 
-    pub async fn answer(&self, request: QueryRequest) -> Result<QueryResponse, QueryError> {
-        let started = Instant::now();
-        let q = request.validate(&self.limits)?;
+    pub fn generator(&self) -> &Generator {
+        &self.generator
+    }
+
+    /// Retrieval, refusal, cache and prompt: everything before the model runs.
+    async fn prepare(&self, q: ValidQuery, started: Instant) -> Result<Prepared, QueryError> {
         // greedy answers are a function of the request and the index: reuse them
-        let cache_key = (q.params.temperature <= 0.0).then(|| format!("{q:?}"));
+        let cache_key = (q.params.temperature <= 0.0)
+            .then(|| format!("{:?}", (&q.search, &q.params, &q.history)));
         let version = self.index.store.version();
         if let Some(hit) = cache_key
             .as_deref()
             .and_then(|k| self.cache.get(k, version))
         {
-            return Ok(QueryResponse {
+            return Ok(Prepared::Ready(QueryResponse {
                 cached: true,
                 // token counts describe the answer; the times are this request's
                 usage: Usage {
                     retrieval_ms: 0.0,
                     generation_ms: 0.0,
                     total_ms: started.elapsed().as_secs_f64() * 1e3,
+                    ttft_ms: None,
                     ..hit.usage
                 },
                 ..hit
-            });
+            }));
         }
 
-        let (retrieved, _) = self.retrieve(q.search.clone()).await?;
-
+        let mode = q.search.mode;
+        let (retrieved, scores) = self.retrieve(q.search.clone()).await?;
         let relevant = retrieved
             .best_dense
             .is_some_and(|s| s >= q.search.min_score);
         if retrieved.hits.is_empty() || !relevant {
-            return Ok(QueryResponse {
+            return Ok(Prepared::Ready(QueryResponse {
                 answer: self.prompts.refusal(&q.search.question)?,
                 citations: vec![],
                 answerable: false,
@@ -521,7 +548,7 @@ impl QueryEngine {
                     total_ms: started.elapsed().as_secs_f64() * 1e3,
                     ..Usage::default()
                 },
-            });
+            }));
         }
 
         let blocks: Vec<ContextBlock<'_>> = retrieved
@@ -535,10 +562,23 @@ impl QueryEngine {
                 text: &h.payload.text,
             })
             .collect();
-        let prompt = self.prompts.render(&q.search.question, &blocks)?;
+        let budget = Budget {
+            context_tokens: self.generator.context_tokens(),
+            max_tokens: q.params.max_tokens,
+        };
+        let fitted = self.prompts.render_within(
+            &q.search.question,
+            &blocks,
+            &q.history,
+            budget,
+            self.generator.tokens(),
+        )?;
+        let mut hits = retrieved.hits;
+        let context_chunks_dropped = hits.len() - fitted.blocks;
+        hits.truncate(fitted.blocks);
 
         // bounded: beyond max_queue answers in flight, say when to come back
-        let _slot = self.slots.try_acquire().map_err(|_| {
+        let slot = self.slots.clone().try_acquire_owned().map_err(|_| {
             let avg = self
                 .generation_ms
                 .load(std::sync::atomic::Ordering::Relaxed);
@@ -547,12 +587,38 @@ impl QueryEngine {
                 retry_after_s: avg.div_ceil(1000).max(1),
             }
         })?;
-        let generation_started = Instant::now();
-        let generation = self
-            .generator
-            .chat(&prompt.system, &prompt.user, &q.params)
-            .await?;
-        let generation_ms = generation_started.elapsed().as_secs_f64() * 1e3;
+        Ok(Prepared::Generate(Box::new(Pending {
+            search: SearchResponse {
+                mode,
+                hits: hits
+                    .iter()
+                    .zip(scores)
+                    .map(|(h, scores)| search_hit(h, scores))
+                    .collect(),
+                retrieval_ms: retrieved.elapsed_ms,
+            },
+            hits,
+            prompt: fitted.prompt,
+            context_chunks_dropped,
+            history_turns_dropped: fitted.history_dropped,
+            q,
+            started,
+            cache_key,
+            version,
+            _slot: slot,
+        })))
+    }
+
+    /// The response for a finished generation; cached when greedy.
+    fn finish(
+        &self,
+        p: &Pending,
+        answer: String,
+        citations: Vec<Citation>,
+        generation: &Generation,
+        generation_ms: f64,
+        ttft_ms: Option<f64>,
+    ) -> QueryResponse {
         let avg = self
             .generation_ms
             .load(std::sync::atomic::Ordering::Relaxed);
@@ -560,22 +626,25 @@ impl QueryEngine {
             (avg * 3 + generation_ms as u64) / 4,
             std::sync::atomic::Ordering::Relaxed,
         );
-
-        let text = postprocess::truncate_at_stop(&generation.text, &q.params.stop);
-        let (answer, citations) = postprocess::cite(text, &retrieved.hits);
         let usage = Usage {
             prompt_tokens: generation.prompt_tokens,
             completion_tokens: generation.completion_tokens,
-            retrieval_ms: retrieved.elapsed_ms,
+            retrieval_ms: p.search.retrieval_ms,
             generation_ms,
-            total_ms: started.elapsed().as_secs_f64() * 1e3,
+            total_ms: p.started.elapsed().as_secs_f64() * 1e3,
+            ttft_ms,
+            tokens_per_second: (generation_ms > 0.0)
+                .then(|| generation.completion_tokens as f64 / (generation_ms / 1e3)),
+            context_chunks_dropped: p.context_chunks_dropped,
+            history_turns_dropped: p.history_turns_dropped,
         };
         info!(
-            top_k = q.search.top_k,
+            top_k = p.q.search.top_k,
             citations = citations.len(),
             prompt_tokens = usage.prompt_tokens,
             completion_tokens = usage.completion_tokens,
             total_ms = usage.total_ms,
+            stream = p.q.stream,
             "answered"
         );
         let response = QueryResponse {
@@ -585,10 +654,196 @@ impl QueryEngine {
             cached: false,
             usage,
         };
-        if let Some(key) = cache_key {
-            self.cache.put(key, version, response.clone());
+        if let Some(key) = &p.cache_key {
+            self.cache.put(key.clone(), p.version, response.clone());
         }
-        Ok(response)
+        response
+    }
+
+    pub async fn answer(&self, request: QueryRequest) -> Result<QueryResponse, QueryError> {
+        let started = Instant::now();
+        let q = request.validate(&self.limits)?;
+        let p = match self.prepare(q, started).await? {
+            Prepared::Ready(response) => return Ok(response),
+            Prepared::Generate(p) => p,
+        };
+        let generation_started = Instant::now();
+        let generation = self.generator.chat(&p.prompt, &p.q.params).await?;
+        let generation_ms = generation_started.elapsed().as_secs_f64() * 1e3;
+        let text = postprocess::truncate_at_stop(&generation.text, &p.q.params.stop);
+        let (answer, citations) = postprocess::cite(text, &p.hits);
+        Ok(self.finish(&p, answer, citations, &generation, generation_ms, None))
+    }
+
+    /// The answer as a stream of events. Errors before the model starts (bad request, busy,
+    /// prompt too long) are returned here, so they get a plain HTTP status; later ones
+    /// arrive as an `error` event. Dropping the receiver cancels the generation.
+    pub async fn answer_stream(
+        self: &Arc<Self>,
+        request: QueryRequest,
+    ) -> Result<mpsc::Receiver<QueryEvent>, QueryError> {
+        let started = Instant::now();
+        let q = request.validate(&self.limits)?;
+        let (tx, rx) = mpsc::channel(64);
+        let p = match self.prepare(q, started).await? {
+            Prepared::Ready(response) => {
+                // cached or refused: the same events, at once
+                let mut events = vec![QueryEvent::Delta {
+                    text: response.answer.clone(),
+                }];
+                events.extend(response.citations.iter().cloned().map(QueryEvent::Citation));
+                events.push(QueryEvent::Done(Box::new(response)));
+                tokio::spawn(async move {
+                    for e in events {
+                        if tx.send(e).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                return Ok(rx);
+            }
+            Prepared::Generate(p) => p,
+        };
+        let generation_started = Instant::now();
+        let stream = self.generator.stream(&p.prompt, &p.q.params).await?;
+        let engine = self.clone();
+        tokio::spawn(async move {
+            engine
+                .drive_stream(*p, stream, generation_started, tx)
+                .await;
+        });
+        Ok(rx)
+    }
+
+    /// Forwards a generation as events until it ends or the client goes away (which drops
+    /// the generation, and so cancels it).
+    async fn drive_stream(
+        &self,
+        p: Pending,
+        mut stream: crate::generate::GenerationStream,
+        generation_started: Instant,
+        tx: mpsc::Sender<QueryEvent>,
+    ) {
+        let keep_alive = self.limits.keep_alive;
+        if tx
+            .send(QueryEvent::Retrieval(Box::new(p.search.clone())))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let mut answer = AnswerStream::new(&p.q.params.stop);
+        let mut ttft_ms = None;
+        let send_step = |step: postprocess::StreamStep, ttft_ms: &mut Option<f64>| {
+            let mut events = Vec::new();
+            if !step.text.is_empty() {
+                ttft_ms.get_or_insert_with(|| p.started.elapsed().as_secs_f64() * 1e3);
+                events.push(QueryEvent::Delta { text: step.text });
+            }
+            events.extend(step.citations.into_iter().map(QueryEvent::Citation));
+            events
+        };
+        loop {
+            let next = tokio::select! {
+                _ = tx.closed() => return,
+                next = tokio::time::timeout(keep_alive, stream.next()) => next,
+            };
+            let event = match next {
+                Err(_) => {
+                    if tx.send(QueryEvent::KeepAlive).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                Ok(None) => return,
+                Ok(Some(event)) => event,
+            };
+            match event {
+                Ok(StreamEvent::Delta(text)) => {
+                    let step = answer.push(&text, &p.hits);
+                    for e in send_step(step, &mut ttft_ms) {
+                        if tx.send(e).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Ok(StreamEvent::Done(generation)) => {
+                    let generation_ms = generation_started.elapsed().as_secs_f64() * 1e3;
+                    let (rest, text, citations) = answer.finish(&p.hits);
+                    let mut events = send_step(rest, &mut ttft_ms);
+                    let response =
+                        self.finish(&p, text, citations, &generation, generation_ms, ttft_ms);
+                    events.push(QueryEvent::Done(Box::new(response)));
+                    for e in events {
+                        if tx.send(e).await.is_err() {
+                            return;
+                        }
+                    }
+                    return;
+                }
+                Err(e) => {
+                    let _ = tx.send(QueryEvent::Error(QueryError::from(e))).await;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// What `prepare` found: an answer without the model, or a prompt to run.
+enum Prepared {
+    Ready(QueryResponse),
+    Generate(Box<Pending>),
+}
+
+/// An answer about to be generated.
+struct Pending {
+    q: ValidQuery,
+    /// The chunks in the prompt, in block order.
+    hits: Vec<Hit>,
+    /// The same, as the `retrieval` event shows them.
+    search: SearchResponse,
+    prompt: Prompt,
+    context_chunks_dropped: usize,
+    history_turns_dropped: usize,
+    started: Instant,
+    cache_key: Option<String>,
+    version: u64,
+    /// The place in the bounded queue, held until the answer is done.
+    _slot: OwnedSemaphorePermit,
+}
+
+/// One event of a streamed answer.
+#[derive(Debug)]
+pub enum QueryEvent {
+    /// The chunks in the prompt (once, first).
+    Retrieval(Box<SearchResponse>),
+    /// More answer text; all deltas together are the answer.
+    Delta {
+        text: String,
+    },
+    /// A citation whose marker completed.
+    Citation(Citation),
+    /// The same body as the non-streamed response.
+    Done(Box<QueryResponse>),
+    Error(QueryError),
+    /// Nothing new for a while.
+    KeepAlive,
+}
+
+fn search_hit(h: &Hit, scores: Scores) -> SearchHit {
+    let p = &h.payload;
+    SearchHit {
+        sources: p.all_sources(),
+        document_id: p.document_id.clone(),
+        source: p.source.clone(),
+        title: p.title.clone(),
+        chunk_index: p.chunk_index,
+        page: p.page,
+        span: p.span,
+        text: p.text.clone(),
+        score: h.score,
+        scores,
     }
 }
 
@@ -650,7 +905,10 @@ mod tests {
                 r#"{"question": "q", "generation": {"repetition_penalty": 9}}"#,
                 "generation.repetition_penalty",
             ),
-            (r#"{"question": "q", "stream": true}"#, "stream"),
+            (
+                r#"{"question": "q", "history": [{"role": "user", "content": " "}]}"#,
+                "history",
+            ),
             (
                 r#"{"question": "q", "generation": {"top_p": 0}}"#,
                 "generation.top_p",

@@ -2,7 +2,7 @@
 
 use serde_json::{json, Value};
 
-use crate::helpers::{app, client, INSTALLATION, OWNERSHIP};
+use crate::helpers::{app, client, get_json, own_server, INSTALLATION, OWNERSHIP};
 
 #[tokio::test]
 async fn answers_with_a_citation_of_the_document_that_holds_the_answer() {
@@ -146,14 +146,7 @@ async fn bad_requests_get_json_errors() {
 async fn wait_for_job(c: &reqwest::Client, address: &str, job_id: &str) -> Value {
     let mut job = Value::Null;
     for _ in 0..120 {
-        job = c
-            .get(format!("{address}/v1/jobs/{job_id}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        job = get_json(c, &format!("{address}/v1/jobs/{job_id}")).await;
         if job["status"] == "done" || job["status"] == "failed" {
             break;
         }
@@ -613,27 +606,6 @@ async fn a_full_queue_answers_429_with_retry_after() {
     // with the slot free again, the next request is served
     let third = c.post(&url).json(&body).send().await.unwrap();
     assert_eq!(third.status(), 200);
-}
-
-/// A server of its own (settings changed by `adjust`) over the ownership chapter, for
-/// tests that would disturb the shared one.
-fn own_server(adjust: impl FnOnce(&mut docent::config::Config)) -> (tempfile::TempDir, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = crate::helpers::config(&dir.path().join("index"));
-    adjust(&mut config);
-    {
-        let index = docent::startup::open_index(&config).unwrap();
-        let ingestor = docent::startup::ingestor(&config, &index).unwrap();
-        let report = ingestor
-            .ingest_paths(
-                &[crate::helpers::rust_book(OWNERSHIP)],
-                &docent_ingest::pipeline::Silent,
-            )
-            .unwrap();
-        assert_eq!(report.ingested.len(), 1);
-    }
-    let address = crate::helpers::serve(config);
-    (dir, address)
 }
 
 /// A repeated greedy question is answered from the cache, without the model; a change to

@@ -155,3 +155,42 @@ pub fn client() -> reqwest::Client {
         .build()
         .expect("client")
 }
+
+/// A server of its own (settings changed by `adjust`) over the ownership chapter, for
+/// tests that would disturb the shared one.
+pub fn own_server(adjust: impl FnOnce(&mut docent::config::Config)) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(&dir.path().join("index"));
+    adjust(&mut config);
+    {
+        let index = docent::startup::open_index(&config).unwrap();
+        let ingestor = docent::startup::ingestor(&config, &index).unwrap();
+        let report = ingestor
+            .ingest_paths(&[rust_book(OWNERSHIP)], &docent_ingest::pipeline::Silent)
+            .unwrap();
+        assert_eq!(report.ingested.len(), 1);
+    }
+    let address = serve(config);
+    (dir, address)
+}
+
+/// `GET url` as JSON.
+pub async fn get_json(c: &reqwest::Client, url: &str) -> serde_json::Value {
+    c.get(url).send().await.unwrap().json().await.unwrap()
+}
+
+/// `POST url` with a JSON body, the answer as JSON (whatever the status).
+pub async fn post_json(
+    c: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+) -> serde_json::Value {
+    c.post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}

@@ -11,3 +11,4 @@ mod generation;
 mod helpers;
 mod ingest;
 mod parsers;
+mod streaming;
