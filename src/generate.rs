@@ -12,8 +12,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use mistralrs::core::{
-    DefaultSchedulerMethod, GGUFLoaderBuilder, GGUFSpecificConfig, MistralRsBuilder, ModelDType,
-    SchedulerConfig,
+    parse_isq_value, DefaultSchedulerMethod, GGUFLoaderBuilder, GGUFSpecificConfig, IsqType,
+    Loader, MistralRsBuilder, ModelDType, NormalLoaderBuilder, NormalSpecificConfig,
+    SchedulerConfig, SpeculativeConfig, SpeculativeLoader,
 };
 use mistralrs::{
     AutoDeviceMapParams, Constraint, DeviceMapSetting, Model, NormalRequest, Request,
@@ -62,6 +63,9 @@ pub struct Generation {
     pub finish_reason: String,
     /// Ids of the generated tokens, when asked for (`complete_tokens`).
     pub token_ids: Option<Vec<u32>>,
+    /// The engine's own timings: prompt (prefill) and completion (decode) seconds.
+    pub prompt_secs: f64,
+    pub completion_secs: f64,
 }
 
 pub struct Generator {
@@ -71,6 +75,139 @@ pub struct Generator {
     /// The model's context length in tokens (prompt and answer together).
     context_tokens: usize,
     counters: Arc<Counters>,
+    /// How long loading the weights took.
+    load_ms: f64,
+    /// The model's tokenizer, without special tokens.
+    ids: Encoder,
+}
+
+/// Text to token ids with the model's tokenizer.
+type Encoder = Arc<dyn Fn(&str) -> Vec<u32> + Send + Sync>;
+
+/// Where the weights come from.
+#[derive(Debug, Clone, PartialEq)]
+enum Source {
+    /// A GGUF file (quantized or not).
+    Gguf { dir: PathBuf, file: String },
+    /// A directory with `config.json`, `tokenizer.json` and `*.safetensors`.
+    Safetensors { dir: PathBuf },
+    /// A directory written by an earlier ISQ run (`generation.uqff`).
+    Uqff { dir: PathBuf, files: Vec<PathBuf> },
+    /// A Hugging Face model id (`hf:org/name`), downloaded when online.
+    Hub { id: String },
+}
+
+/// The `*.uqff` file in `dir`, if any.
+fn uqff_file(dir: &Path) -> Option<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "uqff"))
+        .collect();
+    files.sort();
+    files.into_iter().next()
+}
+
+fn isq_name(isq: IsqType) -> String {
+    format!("{isq:?}").to_lowercase()
+}
+
+impl Source {
+    /// What `model` names. A path that does not exist is an error here: mistral.rs would
+    /// take it for a Hugging Face id and go to the network. Hub ids must say `hf:`.
+    fn resolve(model: &Path) -> Result<Source, GenerateError> {
+        let text = model.to_string_lossy();
+        if let Some(id) = text.strip_prefix("hf:") {
+            return Ok(Source::Hub { id: id.to_string() });
+        }
+        let missing = || GenerateError::ModelMissing {
+            path: model.to_path_buf(),
+        };
+        let bad = |message: &str| GenerateError::Load {
+            path: model.to_path_buf(),
+            message: message.to_string(),
+        };
+        let canonical = model.canonicalize().map_err(|_| missing())?;
+        if canonical.is_file() {
+            if canonical.extension().is_none_or(|e| e != "gguf") {
+                return Err(bad(
+                    "a model file must be GGUF (*.gguf); for safetensors name the directory",
+                ));
+            }
+            let dir = canonical.parent().ok_or_else(missing)?.to_path_buf();
+            let file = canonical
+                .file_name()
+                .ok_or_else(missing)?
+                .to_string_lossy()
+                .into_owned();
+            return Ok(Source::Gguf { dir, file });
+        }
+        if let Some(uqff) = uqff_file(&canonical) {
+            let name = uqff.file_name().ok_or_else(missing)?;
+            return Ok(Source::Uqff {
+                files: vec![PathBuf::from(name)],
+                dir: canonical,
+            });
+        }
+        let has = |name: &str| canonical.join(name).is_file();
+        let safetensors = std::fs::read_dir(&canonical)
+            .map_err(|_| missing())?
+            .filter_map(|e| e.ok())
+            .any(|e| e.path().extension().is_some_and(|x| x == "safetensors"));
+        if has("config.json") && has("tokenizer.json") && safetensors {
+            return Ok(Source::Safetensors { dir: canonical });
+        }
+        Err(bad("a model directory needs config.json, tokenizer.json and *.safetensors (or a *.uqff written by docent)"))
+    }
+
+    /// The mistral.rs loader; `write_uqff` saves the quantized weights there.
+    fn loader(&self, write_uqff: Option<PathBuf>) -> Result<Box<dyn Loader>, GenerateError> {
+        let normal = |id: String, from_uqff: Option<Vec<PathBuf>>| {
+            NormalLoaderBuilder::new(
+                NormalSpecificConfig {
+                    topology: None,
+                    organization: Default::default(),
+                    write_uqff: write_uqff.clone(),
+                    from_uqff,
+                    imatrix: None,
+                    calibration_file: None,
+                    hf_cache_path: None,
+                    matformer_config_path: None,
+                    matformer_slice_name: None,
+                },
+                None,
+                None,
+                Some(id),
+                false,
+                None,
+            )
+        };
+        let (id, from_uqff) = match self {
+            Source::Gguf { dir, file } => {
+                return Ok(GGUFLoaderBuilder::new(
+                    None,
+                    None,
+                    dir.to_string_lossy().into_owned(),
+                    vec![file.clone()],
+                    GGUFSpecificConfig { topology: None },
+                    false,
+                    None,
+                )
+                .build())
+            }
+            Source::Safetensors { dir } => (dir.to_string_lossy().into_owned(), None),
+            Source::Uqff { dir, files } => {
+                (dir.to_string_lossy().into_owned(), Some(files.clone()))
+            }
+            Source::Hub { id } => (id.clone(), None),
+        };
+        normal(id.clone(), from_uqff)
+            .build(None)
+            .map_err(|e| GenerateError::Load {
+                path: PathBuf::from(id),
+                message: format!("{e:#}"),
+            })
+    }
 }
 
 /// What the engine is doing, for `/healthz` and the tests.
@@ -140,15 +277,23 @@ impl GenerationStream {
             self.first_token_ms = Some(self.started.elapsed().as_secs_f64() * 1e3);
         }
         if let Some(finish_reason) = finish_reason {
-            let (prompt_tokens, completion_tokens) = chunk
-                .usage
-                .map_or((0, 0), |u| (u.prompt_tokens, u.completion_tokens));
+            let (prompt_tokens, completion_tokens, prompt_secs, completion_secs) =
+                chunk.usage.map_or((0, 0, 0.0, 0.0), |u| {
+                    (
+                        u.prompt_tokens,
+                        u.completion_tokens,
+                        u.total_prompt_time_sec as f64,
+                        u.total_completion_time_sec as f64,
+                    )
+                });
             let done = Generation {
                 text: String::new(),
                 prompt_tokens,
                 completion_tokens,
                 finish_reason,
                 token_ids: None,
+                prompt_secs,
+                completion_secs,
             };
             if text.is_empty() {
                 self.finished = true;
@@ -215,41 +360,61 @@ fn dtype(name: &str) -> ModelDType {
 }
 
 impl Generator {
-    /// Loads the GGUF file named in `config` (blocking work; call before serving).
+    /// Loads the model named in `config`, with its draft model when speculative decoding
+    /// is configured (blocking work; call before serving).
     pub async fn load(config: &GenerationConfig) -> Result<Self, GenerateError> {
         let path = config.model.clone();
-        let canonical = path
-            .canonicalize()
-            .ok()
-            .filter(|p| p.is_file())
-            .ok_or_else(|| GenerateError::ModelMissing { path: path.clone() })?;
         let load_err = |message: String| GenerateError::Load {
             path: path.clone(),
             message,
         };
-        let dir = canonical
-            .parent()
-            .map(Path::to_path_buf)
-            .ok_or_else(|| load_err("no parent directory".into()))?;
-        let file = canonical
-            .file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-            .ok_or_else(|| load_err("no file name".into()))?;
+        let target = Source::resolve(&config.model)?;
+        let isq = config
+            .isq
+            .as_deref()
+            .map(|s| parse_isq_value(s, None))
+            .transpose()
+            .map_err(load_err)?;
+        let target = match (&target, &config.uqff, isq) {
+            // a UQFF directory made earlier: load the quantized weights from it
+            (Source::Safetensors { .. } | Source::Hub { .. }, Some(dir), _)
+                if uqff_file(dir).is_some() =>
+            {
+                Source::resolve(dir)?
+            }
+            _ => target,
+        };
+        let write_uqff = match (&target, &config.uqff, isq) {
+            (Source::Safetensors { .. } | Source::Hub { .. }, Some(dir), Some(isq)) => {
+                Some(dir.join(format!("{}.uqff", isq_name(isq))))
+            }
+            _ => None,
+        };
+        let isq = match target {
+            Source::Uqff { .. } => None,
+            _ => isq,
+        };
+        if isq.is_some() && matches!(target, Source::Gguf { .. }) {
+            return Err(load_err(
+                "generation.isq applies to safetensors models; a GGUF file is quantized already"
+                    .into(),
+            ));
+        }
+        let loader = target.loader(write_uqff.clone())?;
+        let loader: Box<dyn Loader> = match &config.draft {
+            Some(draft) => Box::new(SpeculativeLoader {
+                target: loader,
+                draft: Source::resolve(&draft.model)?.loader(None)?,
+                config: SpeculativeConfig { gamma: draft.gamma },
+            }),
+            None => loader,
+        };
         let force_cpu = config.device == "cpu";
         let dtype = dtype(&config.dtype);
         let max_num_seqs = NonZeroUsize::new(config.max_num_seqs).unwrap_or(NonZeroUsize::MIN);
 
+        let started = Instant::now();
         let pipeline = tokio::task::spawn_blocking(move || {
-            let loader = GGUFLoaderBuilder::new(
-                None,
-                None,
-                dir.to_string_lossy().into_owned(),
-                vec![file],
-                GGUFSpecificConfig { topology: None },
-                false,
-                None,
-            )
-            .build();
             let device = mistralrs::best_device(force_cpu).map_err(|e| e.to_string())?;
             loader
                 .load_model_from_hf(
@@ -259,28 +424,49 @@ impl Generator {
                     &device,
                     true,
                     DeviceMapSetting::Auto(AutoDeviceMapParams::default_text()),
-                    None,
+                    isq,
                     None,
                 )
-                .map_err(|e| e.to_string())
+                .map_err(|e| format!("{e:#}"))
         })
         .await
         .map_err(|e| load_err(e.to_string()))?
         .map_err(load_err)?;
+        let load_ms = started.elapsed().as_secs_f64() * 1e3;
+        tracing::info!(
+            model = %config.model.display(),
+            load_ms,
+            isq = ?isq,
+            uqff_written = ?write_uqff,
+            draft = ?config.draft.as_ref().map(|d| &d.model),
+            "generation model loaded"
+        );
 
-        let (encode, context_tokens) = {
+        let (encode, ids, context_tokens, has_template) = {
             let p = pipeline.lock().await;
             let tokenizer = p
                 .tokenizer()
                 .ok_or_else(|| load_err("the model has no tokenizer".into()))?;
-            let encode = move |text: &str| {
+            let ids: Encoder = Arc::new(move |text: &str| {
                 tokenizer
                     .encode(text, false)
-                    .map(|e| e.get_ids().len())
-                    // an encoding failure still has to count: assume a token per byte
-                    .unwrap_or(text.len())
+                    .map(|e| e.get_ids().to_vec())
+                    .unwrap_or_default()
+            });
+            let count = ids.clone();
+            let encode = move |text: &str| {
+                let n = count(text).len();
+                // an encoding failure still has to count: assume a token per byte
+                if n == 0 {
+                    text.len()
+                } else {
+                    n
+                }
             };
-            (encode, p.get_metadata().max_seq_len)
+            let has_template = p
+                .get_chat_template()
+                .is_some_and(|t| t.chat_template.is_some());
+            (encode, ids, p.get_metadata().max_seq_len, has_template)
         };
         let runner = MistralRsBuilder::new(
             pipeline,
@@ -294,9 +480,14 @@ impl Generator {
         .build()
         .await;
         let model = Model::new(runner);
-        let tokens = template_overhead(&model, encode)
-            .await
-            .map_err(|e| load_err(format!("measuring the chat template: {e}")))?;
+        // a model without a chat template (a base model) only serves raw completions
+        let tokens = if has_template {
+            template_overhead(&model, encode)
+                .await
+                .map_err(|e| load_err(format!("measuring the chat template: {e}")))?
+        } else {
+            TokenCounter::new(encode, 0, 0)
+        };
         let context_tokens = match config.context_tokens {
             0 => context_tokens,
             n => n.min(context_tokens),
@@ -307,7 +498,19 @@ impl Generator {
             tokens,
             context_tokens,
             counters: Arc::default(),
+            load_ms,
+            ids,
         })
+    }
+
+    /// Token ids of `text` with the model's tokenizer (no special tokens added).
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        (self.ids)(text)
+    }
+
+    /// Milliseconds loading the weights took (quantization included).
+    pub fn load_ms(&self) -> f64 {
+        self.load_ms
     }
 
     /// The model's tokenizer, for the prompt budget.
@@ -465,6 +668,8 @@ impl Generator {
                     prompt_tokens: r.usage.prompt_tokens,
                     completion_tokens: r.usage.completion_tokens,
                     token_ids: None,
+                    prompt_secs: r.usage.total_prompt_time_sec as f64,
+                    completion_secs: r.usage.total_completion_time_sec as f64,
                 })
             }
             Response::CompletionDone(r) => {
@@ -487,6 +692,8 @@ impl Generator {
                     prompt_tokens: r.usage.prompt_tokens,
                     completion_tokens: r.usage.completion_tokens,
                     token_ids,
+                    prompt_secs: r.usage.total_prompt_time_sec as f64,
+                    completion_secs: r.usage.total_completion_time_sec as f64,
                 })
             }
             other => Err(response_error(other)),

@@ -120,6 +120,55 @@ enum Bench {
         #[command(flatten)]
         common: BenchArgs,
     },
+    /// Generation speed (prefill, decode, time to first token) per weight format beside
+    /// llama.cpp on the same files; speculative decoding; model load times.
+    Generate {
+        /// Models to measure (default: the SmolLM2 GGUF files in models/smollm2).
+        #[arg(long)]
+        model: Vec<PathBuf>,
+        /// Activation dtype.
+        #[arg(long, default_value = "f32")]
+        dtype: String,
+        /// Prompt lengths in tokens.
+        #[arg(long, default_value = "600,1200", value_delimiter = ',')]
+        prompt_tokens: Vec<usize>,
+        #[arg(long, default_value_t = 128)]
+        new_tokens: usize,
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+        /// Compute threads (RAYON_NUM_THREADS for candle, n_threads for llama.cpp).
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+        /// Text the prompts are cut from.
+        #[arg(
+            long,
+            default_value = "../shared/data/corpus/rust-book/src/ch04-01-what-is-ownership.md"
+        )]
+        text: PathBuf,
+        /// Speculative decoding target and draft (default: the F32 and Q4_1 files).
+        #[arg(long, num_args = 2, value_names = ["TARGET", "DRAFT"])]
+        speculative: Vec<PathBuf>,
+        #[arg(long, default_value_t = 4)]
+        gamma: usize,
+        /// Skip the speculative comparison.
+        #[arg(long)]
+        no_speculative: bool,
+        /// Safetensors directory for the load-time table (default: the SmolLM2 export).
+        #[arg(long, default_value = "models/smollm2/SmolLM2-135M-Instruct-hf")]
+        safetensors: PathBuf,
+        #[arg(long, default_value = "q8_0")]
+        isq: String,
+        /// Skip the load-time table.
+        #[arg(long)]
+        no_load: bool,
+        /// Python of the llama.cpp peer (made by scripts/bench-generate-venv.sh).
+        #[arg(long, default_value = "models/.venv-llama/bin/python")]
+        peer_python: PathBuf,
+        #[arg(long)]
+        no_peer: bool,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Options every benchmark takes.
@@ -299,6 +348,78 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let result =
                 tokio::task::spawn_blocking(move || docent::bench::query::run(&config, &opts))
                     .await??;
+            print_report(&result, json)
+        }
+        Command::Bench(Bench::Generate {
+            model,
+            dtype,
+            prompt_tokens,
+            new_tokens,
+            repeat,
+            threads,
+            text,
+            speculative,
+            gamma,
+            no_speculative,
+            safetensors,
+            isq,
+            no_load,
+            peer_python,
+            no_peer,
+            json,
+        }) => {
+            // candle computes on rayon's global pool: size it before anything uses it
+            if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+                std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+            }
+            let smollm = |kind: &str| {
+                PathBuf::from(format!("models/smollm2/SmolLM2-135M-Instruct.{kind}.gguf"))
+            };
+            let models = if model.is_empty() {
+                ["F32", "F16", "Q8_0", "Q4_1"]
+                    .iter()
+                    .map(|k| smollm(k))
+                    .filter(|p| p.is_file())
+                    .collect()
+            } else {
+                model
+            };
+            anyhow::ensure!(
+                !models.is_empty(),
+                "no model to measure: run `make setup` or pass --model"
+            );
+            let speculative = match speculative.as_slice() {
+                _ if no_speculative => None,
+                [t, d] => Some((t.clone(), d.clone(), gamma)),
+                _ => Some((smollm("F32"), smollm("Q4_1"), gamma))
+                    .filter(|(t, d, _)| t.is_file() && d.is_file()),
+            };
+            let peer = if no_peer {
+                None
+            } else {
+                anyhow::ensure!(
+                    peer_python.is_file(),
+                    "{} not found: run scripts/bench-generate-venv.sh (or `make bench-generate`), or pass --no-peer",
+                    peer_python.display()
+                );
+                Some(docent::bench::Peer {
+                    python: peer_python,
+                    script: "scripts/bench_generate_peer.py".into(),
+                })
+            };
+            let opts = docent::bench::generate::Options {
+                models,
+                dtype,
+                prompt_tokens,
+                new_tokens,
+                repeat,
+                threads,
+                text,
+                speculative,
+                load: (!no_load && safetensors.is_dir()).then_some((safetensors, isq)),
+                peer,
+            };
+            let result = docent::bench::generate::run(&opts).await?;
             print_report(&result, json)
         }
         Command::Ask {

@@ -183,6 +183,9 @@ pub struct Limits {
     pub max_question_chars: usize,
     /// Keep-alive interval of streamed answers.
     pub keep_alive: Duration,
+    /// Speculative decoding is on: mistral.rs decodes it greedily whatever the sampling
+    /// settings, so sampled requests are refused rather than silently answered greedily.
+    pub greedy_only: bool,
 }
 
 impl Limits {
@@ -201,6 +204,7 @@ impl Limits {
             default_repetition_penalty: c.generation.repetition_penalty,
             max_question_chars: c.server.max_question_chars,
             keep_alive: Duration::from_millis(c.server.keep_alive_ms.max(1)),
+            greedy_only: c.generation.draft.is_some(),
         }
     }
 }
@@ -317,6 +321,12 @@ impl QueryRequest {
             return invalid(
                 "generation.temperature",
                 format!("must be between 0 and 2, got {temperature}"),
+            );
+        }
+        if temperature > 0.0 && limits.greedy_only {
+            return invalid(
+                "generation.temperature",
+                format!("this server decodes speculatively (generation.draft), which mistral.rs does greedily only; send temperature 0, got {temperature}"),
             );
         }
         let repetition_penalty = self
@@ -938,6 +948,21 @@ mod tests {
             ..Default::default()
         };
         assert!(long.validate(&limits()).is_err());
+        // with a draft model, sampling is refused instead of silently decoded greedily
+        let mut speculative = limits();
+        speculative.greedy_only = true;
+        let sampled: QueryRequest =
+            serde_json::from_str(r#"{"question": "q", "generation": {"temperature": 0.7}}"#)
+                .unwrap();
+        assert!(matches!(
+            sampled.validate(&speculative),
+            Err(QueryError::Invalid {
+                field: "generation.temperature",
+                ..
+            })
+        ));
+        let greedy: QueryRequest = serde_json::from_str(r#"{"question": "q"}"#).unwrap();
+        assert!(greedy.validate(&speculative).is_ok());
         assert!(serde_json::from_str::<QueryRequest>(r#"{"question": "q", "topk": 1}"#).is_err());
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! - [`ingest`]: end-to-end ingest throughput vs a bare ONNX Runtime session and a Python peer.
 //! - [`query`]: retrieval latency and throughput over HTTP vs a Python peer service.
+//! - [`generate`]: generation speed vs llama.cpp, speculative decoding, load times.
 
+pub mod generate;
 mod http;
 mod ingest;
 pub mod query;

@@ -1,0 +1,469 @@
+//! `docent bench generate`: prefill and decode speed and time to first token of the
+//! generation engine on RAG-sized prompts, per weight format, beside llama.cpp on the same
+//! GGUF files and thread count; speculative decoding against plain greedy decoding; load
+//! times of the model sources (GGUF, safetensors, safetensors + ISQ, UQFF).
+//!
+//! Both engines get the same token ids (the model's tokenizer over a demo-corpus text), so
+//! the engines are compared, not their tokenizers or templates. Decoding is greedy.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::bench::{Peer, RemoveOnDrop};
+use crate::config::{DraftConfig, GenerationConfig};
+use crate::generate::{GenerateError, Generator};
+
+pub struct Options {
+    /// GGUF files (or other model sources) to measure, each on its own.
+    pub models: Vec<PathBuf>,
+    /// Activation dtype for all of them (`f32`, `f16`, `bf16`, `auto`).
+    pub dtype: String,
+    /// Prompt lengths in tokens.
+    pub prompt_tokens: Vec<usize>,
+    pub new_tokens: usize,
+    pub repeat: usize,
+    pub threads: usize,
+    /// Text the prompts are cut from.
+    pub text: PathBuf,
+    /// Speculative decoding: target and draft model, and gamma.
+    pub speculative: Option<(PathBuf, PathBuf, usize)>,
+    /// Load-time comparison: a safetensors directory, the ISQ type and a scratch dir for UQFF.
+    pub load: Option<(PathBuf, String)>,
+    pub peer: Option<Peer>,
+}
+
+/// One model × prompt cell.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Speed {
+    pub prompt_tokens: usize,
+    pub new_tokens: usize,
+    pub prefill_tok_s: f64,
+    pub decode_tok_s: f64,
+    pub ttft_ms: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelRow {
+    pub model: String,
+    pub load_ms: f64,
+    pub docent: Vec<Speed>,
+    /// llama.cpp on the same file, when it ran.
+    pub llama_cpp: Vec<Speed>,
+    /// Leading generated tokens both engines agree on, per prompt.
+    pub agreement: Vec<usize>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SpeculativeRow {
+    pub target: String,
+    pub draft: String,
+    pub gamma: usize,
+    pub prompt_tokens: usize,
+    pub plain_decode_tok_s: f64,
+    pub speculative_decode_tok_s: f64,
+    pub draft_decode_tok_s: f64,
+    pub identical_output: bool,
+    /// Draft proposals the target accepted, replayed from the two greedy outputs: a
+    /// proposal is accepted while the draft's greedy continuation equals the target's.
+    pub acceptance_estimate: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadRow {
+    pub source: String,
+    pub load_ms: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct GenerateBench {
+    pub threads: usize,
+    pub dtype: String,
+    pub models: Vec<ModelRow>,
+    pub speculative: Vec<SpeculativeRow>,
+    pub load: Vec<LoadRow>,
+    pub peer: Option<String>,
+}
+
+/// What the llama.cpp peer prints.
+#[derive(Debug, Deserialize)]
+struct PeerReport {
+    peer: String,
+    results: Vec<PeerResult>,
+}
+
+#[derive(Debug, Deserialize)]
+struct PeerResult {
+    prompt_tokens: usize,
+    prefill_tok_s: f64,
+    decode_tok_s: f64,
+    ttft_ms: f64,
+    new_tokens: usize,
+    generated: Vec<u32>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn name(p: &Path) -> String {
+    p.file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_else(|| p.display().to_string())
+}
+
+fn config(model: &Path, dtype: &str) -> GenerationConfig {
+    GenerationConfig {
+        model: model.to_path_buf(),
+        dtype: dtype.to_string(),
+        ..crate::config::Config::default().generation
+    }
+}
+
+/// Prompts of the asked lengths: the first n tokens of `text`, repeated if it is short.
+fn prompts(generator: &Generator, text: &str, lengths: &[usize]) -> Vec<Vec<u32>> {
+    let ids = generator.encode(text);
+    lengths
+        .iter()
+        .map(|&n| ids.iter().copied().cycle().take(n).collect())
+        .collect()
+}
+
+/// Prefill, decode and TTFT of one prompt: medians over `repeat` runs.
+async fn measure(
+    generator: &Generator,
+    prompt: &[u32],
+    new_tokens: usize,
+    repeat: usize,
+) -> Result<(Speed, Vec<u32>), GenerateError> {
+    let (mut prefill, mut decode, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
+    let mut generated = Vec::new();
+    for i in 0..repeat.max(1) {
+        let started = Instant::now();
+        generator.complete_tokens(prompt.to_vec(), 1).await?;
+        ttft.push(started.elapsed().as_secs_f64() * 1e3);
+        let g = generator
+            .complete_tokens(prompt.to_vec(), new_tokens)
+            .await?;
+        prefill.push(g.prompt_tokens as f64 / g.prompt_secs.max(1e-9));
+        // the first token comes out of the prefill step
+        decode.push(g.completion_tokens.saturating_sub(1) as f64 / g.completion_secs.max(1e-9));
+        if i == 0 {
+            generated = g.token_ids.unwrap_or_default();
+        }
+    }
+    Ok((
+        Speed {
+            prompt_tokens: prompt.len(),
+            new_tokens: generated.len(),
+            prefill_tok_s: median(prefill),
+            decode_tok_s: median(decode),
+            ttft_ms: median(ttft),
+        },
+        generated,
+    ))
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Replays speculative decoding on two greedy outputs: each step the draft proposes
+/// `gamma` tokens, accepted while they match the target's; a rejection costs the rest.
+/// The draft's proposals after `prefix` are approximated by its own greedy output from the
+/// same prompt, so this is exact for the first step and an estimate after it.
+fn acceptance(target: &[u32], draft: &[u32], gamma: usize) -> f64 {
+    let agree = common_prefix(target, draft);
+    if target.is_empty() {
+        return 0.0;
+    }
+    let (mut accepted, mut proposed, mut i) = (0usize, 0usize, 0usize);
+    while i < target.len() {
+        let a = if i < agree { (agree - i).min(gamma) } else { 0 };
+        accepted += a;
+        proposed += gamma;
+        i += if a == gamma { gamma } else { a + 1 };
+    }
+    accepted as f64 / proposed.max(1) as f64
+}
+
+fn run_peer(
+    peer: &Peer,
+    model: &Path,
+    prompts_file: &Path,
+    opts: &Options,
+) -> anyhow::Result<PeerReport> {
+    let out = std::process::Command::new(&peer.python)
+        .arg(&peer.script)
+        .arg("--model")
+        .arg(model)
+        .arg("--threads")
+        .arg(opts.threads.to_string())
+        .arg("--prompt-tokens")
+        .arg(prompts_file)
+        .arg("--new-tokens")
+        .arg(opts.new_tokens.to_string())
+        .arg("--repeat")
+        .arg(opts.repeat.to_string())
+        .stderr(std::process::Stdio::inherit())
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "the llama.cpp peer failed on {}",
+        model.display()
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
+    let text = std::fs::read_to_string(&opts.text)
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", opts.text.display()))?;
+    let scratch =
+        std::env::temp_dir().join(format!("docent-bench-generate-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
+    let _cleanup = RemoveOnDrop(scratch.clone());
+    let mut report = GenerateBench {
+        threads: opts.threads,
+        dtype: opts.dtype.clone(),
+        models: Vec::new(),
+        speculative: Vec::new(),
+        load: Vec::new(),
+        peer: None,
+    };
+
+    for model in &opts.models {
+        eprintln!("bench generate: {}", model.display());
+        let generator = Generator::load(&config(model, &opts.dtype)).await?;
+        let prompts = prompts(&generator, &text, &opts.prompt_tokens);
+        // one short run first: pages the weights in and allocates buffers
+        generator
+            .complete_tokens(prompts[0][..16.min(prompts[0].len())].to_vec(), 4)
+            .await?;
+        let mut row = ModelRow {
+            model: name(model),
+            load_ms: generator.load_ms(),
+            docent: Vec::new(),
+            llama_cpp: Vec::new(),
+            agreement: Vec::new(),
+        };
+        let mut ours = Vec::new();
+        for prompt in &prompts {
+            let (speed, generated) =
+                measure(&generator, prompt, opts.new_tokens, opts.repeat).await?;
+            row.docent.push(speed);
+            ours.push(generated);
+        }
+        drop(generator);
+        let is_gguf = model.extension().is_some_and(|e| e == "gguf");
+        if let (Some(peer), true) = (&opts.peer, is_gguf) {
+            let file = scratch.join("prompts.json");
+            let body = serde_json::json!({"prompts": prompts.iter().map(|p| serde_json::json!({"name": p.len().to_string(), "tokens": p})).collect::<Vec<_>>()});
+            std::fs::write(&file, body.to_string())?;
+            let theirs = run_peer(peer, model, &file, opts)?;
+            report.peer = Some(theirs.peer.clone());
+            for (r, mine) in theirs.results.iter().zip(&ours) {
+                row.agreement.push(common_prefix(mine, &r.generated));
+                row.llama_cpp.push(Speed {
+                    prompt_tokens: r.prompt_tokens,
+                    new_tokens: r.new_tokens,
+                    prefill_tok_s: r.prefill_tok_s,
+                    decode_tok_s: r.decode_tok_s,
+                    ttft_ms: r.ttft_ms,
+                });
+            }
+        }
+        report.models.push(row);
+    }
+
+    if let Some((target, draft, gamma)) = &opts.speculative {
+        eprintln!(
+            "bench generate: speculative {} + {}",
+            name(target),
+            name(draft)
+        );
+        let plain = Generator::load(&config(target, &opts.dtype)).await?;
+        let prompt = prompts(&plain, &text, &opts.prompt_tokens[..1]).remove(0);
+        let (plain_speed, plain_out) =
+            measure(&plain, &prompt, opts.new_tokens, opts.repeat).await?;
+        drop(plain);
+        let alone = Generator::load(&config(draft, &opts.dtype)).await?;
+        let (draft_speed, draft_out) =
+            measure(&alone, &prompt, opts.new_tokens, opts.repeat).await?;
+        drop(alone);
+        let mut c = config(target, &opts.dtype);
+        c.draft = Some(DraftConfig {
+            model: draft.clone(),
+            gamma: *gamma,
+        });
+        let spec = Generator::load(&c).await?;
+        let (spec_speed, spec_out) = measure(&spec, &prompt, opts.new_tokens, opts.repeat).await?;
+        report.speculative.push(SpeculativeRow {
+            target: name(target),
+            draft: name(draft),
+            gamma: *gamma,
+            prompt_tokens: prompt.len(),
+            plain_decode_tok_s: plain_speed.decode_tok_s,
+            speculative_decode_tok_s: spec_speed.decode_tok_s,
+            draft_decode_tok_s: draft_speed.decode_tok_s,
+            identical_output: spec_out == plain_out,
+            acceptance_estimate: acceptance(&plain_out, &draft_out, *gamma),
+        });
+    }
+
+    if let Some((dir, isq)) = &opts.load {
+        eprintln!("bench generate: load times of {}", dir.display());
+        let uqff = scratch.join("uqff");
+        let time = |label: String, c: GenerationConfig| async move {
+            let g = Generator::load(&c).await?;
+            Ok::<_, GenerateError>(LoadRow {
+                source: label,
+                load_ms: g.load_ms(),
+            })
+        };
+        let mut c = config(dir, &opts.dtype);
+        report
+            .load
+            .push(time(format!("safetensors {}", name(dir)), c.clone()).await?);
+        c.isq = Some(isq.clone());
+        report.load.push(
+            time(
+                format!("safetensors + ISQ {isq} (quantized at load)"),
+                c.clone(),
+            )
+            .await?,
+        );
+        c.uqff = Some(uqff.clone());
+        report
+            .load
+            .push(time(format!("safetensors + ISQ {isq}, writing UQFF"), c.clone()).await?);
+        report
+            .load
+            .push(time(format!("UQFF {isq} (written above)"), c).await?);
+        for m in &opts.models {
+            report
+                .load
+                .push(time(format!("GGUF {}", name(m)), config(m, &opts.dtype)).await?);
+        }
+    }
+    Ok(report)
+}
+
+impl fmt::Display for GenerateBench {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "generation: {} threads, activations {}, greedy; tok/s and ms are medians",
+            self.threads, self.dtype
+        )?;
+        if let Some(p) = &self.peer {
+            writeln!(f, "peer: {p}, same files, same token ids, same threads")?;
+        }
+        writeln!(
+            f,
+            "{:<34} {:>6} | {:>9} {:>8} {:>8} | {:>9} {:>8} {:>8} | {:>6} {:>6} {:>5}",
+            "model",
+            "prompt",
+            "prefill/s",
+            "decode/s",
+            "TTFT ms",
+            "llama.cpp",
+            "decode/s",
+            "TTFT ms",
+            "pre ×",
+            "dec ×",
+            "agree"
+        )?;
+        for row in &self.models {
+            for (i, d) in row.docent.iter().enumerate() {
+                let peer = row.llama_cpp.get(i);
+                let cell =
+                    |v: Option<f64>, p: usize| v.map_or("–".to_string(), |v| format!("{v:.p$}"));
+                writeln!(
+                    f,
+                    "{:<34} {:>6} | {:>9.1} {:>8.1} {:>8.0} | {:>9} {:>8} {:>8} | {:>6} {:>6} {:>5}",
+                    row.model,
+                    d.prompt_tokens,
+                    d.prefill_tok_s,
+                    d.decode_tok_s,
+                    d.ttft_ms,
+                    cell(peer.map(|p| p.prefill_tok_s), 1),
+                    cell(peer.map(|p| p.decode_tok_s), 1),
+                    cell(peer.map(|p| p.ttft_ms), 0),
+                    cell(peer.map(|p| d.prefill_tok_s / p.prefill_tok_s), 2),
+                    cell(peer.map(|p| d.decode_tok_s / p.decode_tok_s), 2),
+                    row.agreement
+                        .get(i)
+                        .map_or("–".to_string(), |a| a.to_string()),
+                )?;
+            }
+        }
+        let best = |pick: fn(&Speed) -> f64, peer: bool| {
+            self.models
+                .iter()
+                .flat_map(|r| if peer { &r.llama_cpp } else { &r.docent })
+                .map(pick)
+                .fold(0.0f64, f64::max)
+        };
+        if self.models.iter().any(|r| !r.llama_cpp.is_empty()) {
+            let (dp, lp) = (
+                best(|s| s.prefill_tok_s, false),
+                best(|s| s.prefill_tok_s, true),
+            );
+            let (dd, ld) = (
+                best(|s| s.decode_tok_s, false),
+                best(|s| s.decode_tok_s, true),
+            );
+            writeln!(
+                f,
+                "best configuration: prefill {dp:.1} vs llama.cpp {lp:.1} tok/s ({:.2}×), decode {dd:.1} vs {ld:.1} tok/s ({:.2}×); goal ≥ 1×",
+                dp / lp,
+                dd / ld
+            )?;
+        }
+        for s in &self.speculative {
+            writeln!(
+                f,
+                "speculative: target {} + draft {} (gamma {}), {}-token prompt: decode {:.1} tok/s vs plain {:.1} ({:.2}×; goal 1.5×), draft alone {:.1} tok/s, identical output: {}, acceptance ≈ {:.0} %",
+                s.target,
+                s.draft,
+                s.gamma,
+                s.prompt_tokens,
+                s.speculative_decode_tok_s,
+                s.plain_decode_tok_s,
+                s.speculative_decode_tok_s / s.plain_decode_tok_s,
+                s.draft_decode_tok_s,
+                s.identical_output,
+                s.acceptance_estimate * 100.0
+            )?;
+        }
+        for l in &self.load {
+            writeln!(f, "load: {:<52} {:>8.0} ms", l.source, l.load_ms)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acceptance_replays_the_speculative_steps() {
+        // the draft agrees on 6 tokens: steps of 4 (all accepted), then 2 + rejection
+        let target = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
+        let draft = [1, 2, 3, 4, 5, 6, 0, 0, 0, 0];
+        // step 1: 4/4, step 2: 2/4 (+ target token), step 3 (i=7): 0/4, step 4 (i=8): 0/4,
+        // step 5 (i=9): 0/4
+        assert!((acceptance(&target, &draft, 4) - 6.0 / 20.0).abs() < 1e-9);
+        assert_eq!(acceptance(&target, &target, 5), 1.0);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+}
