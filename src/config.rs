@@ -183,6 +183,10 @@ pub struct GenerationConfig {
     /// Tokens of context (prompt and answer) to use; 0 = the model's own length.
     #[serde(default)]
     pub context_tokens: usize,
+    /// mistral.rs's prefix cache (reuses the KV of a shared prompt prefix). Off by default:
+    /// on CPU it never evicts, so memory grows with every distinct prompt.
+    #[serde(default)]
+    pub prefix_cache: bool,
     /// Answers generating or waiting for the engine at once; more get 429 with
     /// `Retry-After`.
     #[serde(default = "default_max_queue")]
@@ -268,6 +272,7 @@ impl Default for Config {
                 repetition_penalty: 1.0,
                 max_num_seqs: 8,
                 context_tokens: 0,
+                prefix_cache: false,
                 max_queue: default_max_queue(),
                 cache_size: default_cache_size(),
             },

@@ -476,7 +476,8 @@ impl Generator {
             false,
             None,
         )
-        .with_no_prefix_cache(true)
+        // on CPU mistral.rs never evicts its prefix cache: off unless asked for
+        .with_no_prefix_cache(!config.prefix_cache)
         .build()
         .await;
         let model = Model::new(runner);

@@ -161,6 +161,12 @@ enum Bench {
         /// Skip the load-time table.
         #[arg(long)]
         no_load: bool,
+        /// Concurrent clients for the throughput table (empty: skip).
+        #[arg(long, default_value = "1,4,16", value_delimiter = ',')]
+        clients: Vec<usize>,
+        /// Distinct prompts for the memory check (0: skip).
+        #[arg(long, default_value_t = 1000)]
+        memory: usize,
         /// Python of the llama.cpp peer (made by scripts/bench-generate-venv.sh).
         #[arg(long, default_value = "models/.venv-llama/bin/python")]
         peer_python: PathBuf,
@@ -364,6 +370,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             safetensors,
             isq,
             no_load,
+            clients,
+            memory,
             peer_python,
             no_peer,
             json,
@@ -417,6 +425,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 text,
                 speculative,
                 load: (!no_load && safetensors.is_dir()).then_some((safetensors, isq)),
+                clients: clients.into_iter().filter(|&c| c > 0).collect(),
+                memory_queries: memory,
                 peer,
             };
             let result = docent::bench::generate::run(&opts).await?;

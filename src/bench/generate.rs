@@ -32,6 +32,10 @@ pub struct Options {
     pub speculative: Option<(PathBuf, PathBuf, usize)>,
     /// Load-time comparison: a safetensors directory, the ISQ type and a scratch dir for UQFF.
     pub load: Option<(PathBuf, String)>,
+    /// Concurrent clients for the throughput table (first model).
+    pub clients: Vec<usize>,
+    /// Distinct prompts for the memory check (0 = skip).
+    pub memory_queries: usize,
     pub peer: Option<Peer>,
 }
 
@@ -77,6 +81,32 @@ pub struct LoadRow {
     pub load_ms: f64,
 }
 
+/// Many clients on one engine: each sends two distinct RAG-sized prompts in turn.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConcurrencyRow {
+    pub model: String,
+    pub clients: usize,
+    pub requests: usize,
+    pub prompt_tokens: usize,
+    pub new_tokens: usize,
+    /// Generated tokens per second over the whole run.
+    pub tokens_per_second: f64,
+    pub requests_per_second: f64,
+    pub latency_p50_ms: f64,
+    pub latency_max_ms: f64,
+}
+
+/// Resident memory after distinct prompts, with the prefix cache off (docent's setting)
+/// and on (mistral.rs's default, as a control).
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryRow {
+    pub prefix_cache: bool,
+    pub queries: usize,
+    pub rss_after_10_mib: f64,
+    pub rss_after_all_mib: f64,
+    pub growth_percent: f64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct GenerateBench {
     pub threads: usize,
@@ -84,6 +114,8 @@ pub struct GenerateBench {
     pub models: Vec<ModelRow>,
     pub speculative: Vec<SpeculativeRow>,
     pub load: Vec<LoadRow>,
+    pub concurrency: Vec<ConcurrencyRow>,
+    pub memory: Vec<MemoryRow>,
     pub peer: Option<String>,
 }
 
@@ -235,6 +267,8 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
         models: Vec::new(),
         speculative: Vec::new(),
         load: Vec::new(),
+        concurrency: Vec::new(),
+        memory: Vec::new(),
         peer: None,
     };
 
@@ -352,7 +386,120 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
                 .push(time(format!("GGUF {}", name(m)), config(m, &opts.dtype)).await?);
         }
     }
+    if let (Some(model), false) = (opts.models.first(), opts.clients.is_empty()) {
+        let generator = std::sync::Arc::new(Generator::load(&config(model, &opts.dtype)).await?);
+        let ids = generator.encode(&text);
+        for &clients in &opts.clients {
+            eprintln!("bench generate: {clients} concurrent clients");
+            report
+                .concurrency
+                .push(concurrency(&generator, &ids, name(model), clients).await?);
+        }
+    }
+
+    if let (Some(model), true) = (opts.models.first(), opts.memory_queries > 10) {
+        for prefix_cache in [false, true] {
+            // the control only needs to show the growth
+            let n = if prefix_cache {
+                opts.memory_queries.min(200)
+            } else {
+                opts.memory_queries
+            };
+            eprintln!("bench generate: memory over {n} prompts, prefix cache {prefix_cache}");
+            let mut c = config(model, &opts.dtype);
+            c.prefix_cache = prefix_cache;
+            let generator = Generator::load(&c).await?;
+            let ids = generator.encode(&text);
+            let mut after_10 = 0.0;
+            for i in 0..n {
+                // distinct prompts: 64-token windows at different offsets, then the index
+                let start = (i * 7) % ids.len().saturating_sub(64).max(1);
+                let mut prompt: Vec<u32> =
+                    ids.iter().copied().cycle().skip(start).take(64).collect();
+                prompt.extend(generator.encode(&format!(" {i}")));
+                generator.complete_tokens(prompt, 2).await?;
+                if i + 1 == 10 {
+                    after_10 = rss_mib();
+                }
+            }
+            let after = rss_mib();
+            report.memory.push(MemoryRow {
+                prefix_cache,
+                queries: n,
+                rss_after_10_mib: after_10,
+                rss_after_all_mib: after,
+                growth_percent: (after / after_10 - 1.0) * 100.0,
+            });
+        }
+    }
     Ok(report)
+}
+
+/// Resident set size of this process, MiB (Linux).
+fn rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .map_or(0.0, |pages| pages * 4096.0 / (1 << 20) as f64)
+}
+
+/// `clients` tasks on one engine, each sending two distinct 300-token prompts for 32 tokens.
+async fn concurrency(
+    generator: &std::sync::Arc<Generator>,
+    ids: &[u32],
+    model: String,
+    clients: usize,
+) -> anyhow::Result<ConcurrencyRow> {
+    const PROMPT: usize = 300;
+    const NEW: usize = 32;
+    const ROUNDS: usize = 2;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let generator = generator.clone();
+        let prompts: Vec<Vec<u32>> = (0..ROUNDS)
+            .map(|r| {
+                let start = ((c * ROUNDS + r) * 37) % ids.len().max(1);
+                ids.iter()
+                    .copied()
+                    .cycle()
+                    .skip(start)
+                    .take(PROMPT)
+                    .collect()
+            })
+            .collect();
+        tasks.push(tokio::spawn(async move {
+            let mut out = Vec::new();
+            for p in prompts {
+                let t = Instant::now();
+                let g = generator.complete_tokens(p, NEW).await?;
+                out.push((t.elapsed().as_secs_f64() * 1e3, g.completion_tokens));
+            }
+            Ok::<_, GenerateError>(out)
+        }));
+    }
+    let mut latencies = Vec::new();
+    let mut tokens = 0;
+    for t in tasks {
+        for (ms, n) in t.await?? {
+            latencies.push(ms);
+            tokens += n;
+        }
+    }
+    let wall = started.elapsed().as_secs_f64();
+    let requests = latencies.len();
+    let max = latencies.iter().copied().fold(0.0, f64::max);
+    Ok(ConcurrencyRow {
+        model,
+        clients,
+        requests,
+        prompt_tokens: PROMPT,
+        new_tokens: NEW,
+        tokens_per_second: tokens as f64 / wall,
+        requests_per_second: requests as f64 / wall,
+        latency_p50_ms: median(latencies),
+        latency_max_ms: max,
+    })
 }
 
 impl fmt::Display for GenerateBench {
@@ -445,6 +592,31 @@ impl fmt::Display for GenerateBench {
         }
         for l in &self.load {
             writeln!(f, "load: {:<52} {:>8.0} ms", l.source, l.load_ms)?;
+        }
+        for c in &self.concurrency {
+            writeln!(
+                f,
+                "concurrency: {} {:>2} clients × 2 requests ({}-token prompts, {} new): {:.1} tok/s, {:.2} req/s, latency p50 {:.0} ms, max {:.0} ms",
+                c.model,
+                c.clients,
+                c.prompt_tokens,
+                c.new_tokens,
+                c.tokens_per_second,
+                c.requests_per_second,
+                c.latency_p50_ms,
+                c.latency_max_ms
+            )?;
+        }
+        for m in &self.memory {
+            writeln!(
+                f,
+                "memory: prefix cache {:<3}: RSS after 10 prompts {:.0} MiB, after {} {:.0} MiB ({:+.1} %; limit +10 %)",
+                if m.prefix_cache { "on" } else { "off" },
+                m.rss_after_10_mib,
+                m.queries,
+                m.rss_after_all_mib,
+                m.growth_percent
+            )?;
         }
         Ok(())
     }

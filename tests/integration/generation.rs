@@ -76,3 +76,65 @@ async fn speculative_output_equals_plain_greedy() {
         "the draft never disagrees: no rejection was tested"
     );
 }
+
+/// The model sources answer alike: SmolLM2 as a safetensors directory (the setup step's
+/// verified export) gives the F32 GGUF's greedy tokens; in-situ quantized to Q8_0 it writes
+/// UQFF once, and the UQFF load gives the ISQ model's tokens without quantizing again. A
+/// path that does not exist is an error, not a Hugging Face lookup.
+#[tokio::test]
+async fn safetensors_isq_and_uqff_sources_agree() {
+    let m = crate::helpers::models().join("smollm2");
+    let mut c = Config::default().generation;
+    let prompt: Vec<u32> = {
+        c.model = m.join("SmolLM2-135M-Instruct.F32.gguf");
+        let gguf = Generator::load(&c).await.expect("load the F32 GGUF");
+        let prompt = gguf.encode("The borrow checker in Rust makes sure that");
+        let want = gguf.complete_tokens(prompt.clone(), 24).await.unwrap();
+        c.model = m.join("SmolLM2-135M-Instruct-hf");
+        let st = Generator::load(&c)
+            .await
+            .expect("load the safetensors directory");
+        let got = st.complete_tokens(prompt.clone(), 24).await.unwrap();
+        assert_eq!(got.token_ids, want.token_ids, "safetensors vs GGUF");
+        prompt
+    };
+    let uqff = tempfile::tempdir().unwrap();
+    c.isq = Some("q8_0".into());
+    let isq = Generator::load(&c).await.expect("ISQ at load");
+    let quantized = isq.complete_tokens(prompt.clone(), 24).await.unwrap();
+    drop(isq);
+    c.uqff = Some(uqff.path().join("smollm2-q8_0"));
+    let writing = Generator::load(&c).await.expect("ISQ, writing UQFF");
+    assert_eq!(
+        writing
+            .complete_tokens(prompt.clone(), 24)
+            .await
+            .unwrap()
+            .token_ids,
+        quantized.token_ids
+    );
+    drop(writing);
+    let written: Vec<_> = std::fs::read_dir(uqff.path().join("smollm2-q8_0"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(written.iter().any(|f| f.ends_with(".uqff")), "{written:?}");
+    let reloaded = Generator::load(&c).await.expect("load from UQFF");
+    let again = reloaded.complete_tokens(prompt, 24).await.unwrap();
+    assert_eq!(again.token_ids, quantized.token_ids, "UQFF vs ISQ");
+    eprintln!(
+        "load: ISQ q8_0 at load vs from UQFF: {:.0} ms",
+        reloaded.load_ms()
+    );
+
+    c.model = m.join("no-such-model");
+    c.isq = None;
+    c.uqff = None;
+    match Generator::load(&c).await {
+        Err(docent::generate::GenerateError::ModelMissing { path }) => {
+            assert!(path.ends_with("no-such-model"))
+        }
+        Err(e) => panic!("expected ModelMissing, got {e}"),
+        Ok(_) => panic!("a missing model loaded"),
+    }
+}

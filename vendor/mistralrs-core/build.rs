@@ -73,29 +73,8 @@ fn main() {
 }
 
 fn set_git_revision() {
-    let commit = std::process::Command::new("git")
-        .args(["rev-parse", "HEAD"])
-        .output()
-        .ok()
-        .and_then(|output| {
-            if output.status.success() {
-                String::from_utf8(output.stdout).ok()
-            } else {
-                None
-            }
-        })
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "unknown".to_string());
-
-    println!("cargo:rustc-env=MISTRALRS_GIT_REVISION={commit}");
-    println!("cargo:rerun-if-changed=.git/HEAD");
-    if let Ok(head) = std::fs::read_to_string(".git/HEAD") {
-        if let Some(ref_path) = head.strip_prefix("ref:") {
-            let ref_path = ref_path.trim();
-            if !ref_path.is_empty() {
-                println!("cargo:rerun-if-changed=.git/{}", ref_path);
-            }
-        }
-    }
+    // docent patch: vendored inside another repository, `git rev-parse HEAD` would name that
+    // repository's commit and `.git/HEAD` does not exist here, so the crate was rebuilt on
+    // every build and every commit. The crates.io release has no git revision either.
+    println!("cargo:rustc-env=MISTRALRS_GIT_REVISION=crates.io-0.8.1");
 }
