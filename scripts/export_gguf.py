@@ -9,13 +9,14 @@ other types are derived from it. Dequantizing loses nothing that the source had,
 export computes exactly the function the Q4_1 file stores (modulo each engine's kernels).
 
 What it does:
-  * every tensor is dequantized with gguf.quants.dequantize (numpy, bit-exact with ggml's
+  * every tensor is dequantized with gguf.quants.dequantize (gguf-py's numpy port of ggml's
     reference dequantization) and written with gguf.GGUFWriter as
       f32   all float tensors F32
       f16   2-D+ tensors F16, 1-D tensors (norms, biases) F32 (a tensor outside the F16 range
             stays F32, with a warning)
-      q8_0  2-D+ tensors Q8_0 (gguf.quants.quantize, bit-exact with ggml's quantize_row_q8_0)
-            when the row length is a multiple of 32, else F32; 1-D tensors F32
+      q8_0  2-D+ tensors Q8_0 when the row length is a multiple of 32, else F32; 1-D tensors
+            F32 (gguf.quants.quantize; gguf-py documents it as bit-exact with ggml's reference
+            quantize_row_q8_0)
     integer tensors (I8..I64), if any, are copied unchanged;
   * every metadata key is copied in the source order with its exact GGUFValueType (arrays with
     their element type; strings as raw bytes, so even invalid UTF-8 survives). The only key that
@@ -31,7 +32,8 @@ What it does:
     (os.replace: atomic), so OUT is either the old file or a verified new one. Exit status 1 on
     any mismatch, 2 on bad input.
 Re-running with the same arguments rewrites the same bytes (the conversion is deterministic).
-Memory: the converted tensors are held in memory until written (about the size of OUT).
+Memory: the converted tensors are held in memory until written (the size of OUT), plus one
+tensor at a time while converting and verifying (peak RSS 1.1-1.5 GB for SmolLM2-135M).
 
 Environment: models/.venv-gguf, made with (versions pinned; gguf 0.19.0 = newest on PyPI at the
 time of writing, from llama.cpp's gguf-py):

@@ -272,16 +272,29 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
         peer: None,
     };
 
-    for model in &opts.models {
-        eprintln!("bench generate: {}", model.display());
-        let generator = Generator::load(&config(model, &opts.dtype)).await?;
+    // each model file, then the safetensors export quantized in situ (its speed shows what
+    // ISQ gives on this CPU)
+    let mut cells: Vec<(String, GenerationConfig)> = opts
+        .models
+        .iter()
+        .map(|m| (name(m), config(m, &opts.dtype)))
+        .collect();
+    if let Some((dir, isq)) = &opts.load {
+        let mut c = config(dir, &opts.dtype);
+        c.isq = Some(isq.clone());
+        cells.push((format!("{} + ISQ {isq}", name(dir)), c));
+    }
+    for (label, cell) in &cells {
+        let model = &cell.model;
+        eprintln!("bench generate: {label}");
+        let generator = Generator::load(cell).await?;
         let prompts = prompts(&generator, &text, &opts.prompt_tokens);
         // one short run first: pages the weights in and allocates buffers
         generator
             .complete_tokens(prompts[0][..16.min(prompts[0].len())].to_vec(), 4)
             .await?;
         let mut row = ModelRow {
-            model: name(model),
+            model: label.clone(),
             load_ms: generator.load_ms(),
             docent: Vec::new(),
             llama_cpp: Vec::new(),
@@ -295,7 +308,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
             ours.push(generated);
         }
         drop(generator);
-        let is_gguf = model.extension().is_some_and(|e| e == "gguf");
+        let is_gguf = cell.isq.is_none() && model.extension().is_some_and(|e| e == "gguf");
         if let (Some(peer), true) = (&opts.peer, is_gguf) {
             let file = scratch.join("prompts.json");
             let body = serde_json::json!({"prompts": prompts.iter().map(|p| serde_json::json!({"name": p.len().to_string(), "tokens": p})).collect::<Vec<_>>()});
@@ -514,7 +527,7 @@ impl fmt::Display for GenerateBench {
         }
         writeln!(
             f,
-            "{:<34} {:>6} | {:>9} {:>8} {:>8} | {:>9} {:>8} {:>8} | {:>6} {:>6} {:>5}",
+            "{:<40} {:>6} | {:>9} {:>8} {:>8} | {:>9} {:>8} {:>8} | {:>6} {:>6} {:>5}",
             "model",
             "prompt",
             "prefill/s",
@@ -534,7 +547,7 @@ impl fmt::Display for GenerateBench {
                     |v: Option<f64>, p: usize| v.map_or("–".to_string(), |v| format!("{v:.p$}"));
                 writeln!(
                     f,
-                    "{:<34} {:>6} | {:>9.1} {:>8.1} {:>8.0} | {:>9} {:>8} {:>8} | {:>6} {:>6} {:>5}",
+                    "{:<40} {:>6} | {:>9.1} {:>8.1} {:>8.0} | {:>9} {:>8} {:>8} | {:>6} {:>6} {:>5}",
                     row.model,
                     d.prompt_tokens,
                     d.prefill_tok_s,
