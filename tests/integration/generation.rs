@@ -118,7 +118,21 @@ async fn safetensors_isq_and_uqff_sources_agree() {
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    assert!(written.iter().any(|f| f.ends_with(".uqff")), "{written:?}");
+    // the UQFF holds Q8_0 weights: about a quarter of the F32 safetensors
+    let size = |dir: &std::path::Path, ext: &str| -> u64 {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == ext))
+            .map(|p| p.metadata().unwrap().len())
+            .sum()
+    };
+    let quantized_bytes = size(&uqff.path().join("smollm2-q8_0"), "uqff");
+    let f32_bytes = size(&m.join("SmolLM2-135M-Instruct-hf"), "safetensors");
+    assert!(
+        quantized_bytes > 0 && quantized_bytes * 5 < f32_bytes * 2,
+        "{written:?}: {quantized_bytes} bytes of UQFF for {f32_bytes} bytes of F32"
+    );
     let reloaded = Generator::load(&c).await.expect("load from UQFF");
     let again = reloaded.complete_tokens(prompt, 24).await.unwrap();
     assert_eq!(again.token_ids, quantized.token_ids, "UQFF vs ISQ");
