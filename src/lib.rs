@@ -16,5 +16,6 @@ pub mod postprocess;
 pub mod prompt;
 pub mod query;
 pub mod retrieve;
+pub mod safety;
 pub mod startup;
 pub mod telemetry;

@@ -74,6 +74,14 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Precision and recall of the PII detector per kind on a labelled set.
+    EvalPii {
+        /// Presidio-style JSON (full_text + spans).
+        #[arg(default_value = "../shared/data/safety/pii-presidio-synth/synth_dataset_v2.json")]
+        dataset: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure throughput against a limit and a peer (prints a table).
     #[command(subcommand)]
     Bench(Bench),
@@ -272,6 +280,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::from(2)
             })
+        }
+        Command::EvalPii { dataset, json } => {
+            let report = docent::safety::evaluate::run(&dataset)?;
+            print_report(&report, json)
         }
         Command::Eval {
             dataset,
