@@ -82,6 +82,19 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Prompt-injection detection rate and false positives at several thresholds.
+    EvalInjection {
+        /// Labelled texts (`{"text", "label"}` per line, 1 = injection).
+        #[arg(default_value = "../shared/data/safety/prompt-injections-deepset/test.jsonl")]
+        dataset: PathBuf,
+        /// Ordinary questions (BEIR queries.jsonl) for the false-positive rate.
+        #[arg(long, default_value = "../shared/data/eval/squad-v1.1/queries.jsonl")]
+        questions: PathBuf,
+        #[arg(long, default_value_t = 2000)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure throughput against a limit and a peer (prints a table).
     #[command(subcommand)]
     Bench(Bench),
@@ -280,6 +293,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::from(2)
             })
+        }
+        Command::EvalInjection {
+            dataset,
+            questions,
+            limit,
+            json,
+        } => {
+            let report = docent::safety::evaluate::injection(&dataset, &questions, limit)?;
+            print_report(&report, json)
         }
         Command::EvalPii { dataset, json } => {
             let report = docent::safety::evaluate::run(&dataset)?;
