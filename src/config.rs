@@ -37,6 +37,8 @@ pub struct Config {
     pub retrieval: RetrievalConfig,
     pub generation: GenerationConfig,
     pub prompts: PromptsConfig,
+    #[serde(default)]
+    pub safety: crate::safety::SafetyConfig,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -279,6 +281,7 @@ impl Default for Config {
             prompts: PromptsConfig {
                 dir: "prompts".into(),
             },
+            safety: crate::safety::SafetyConfig::default(),
         }
     }
 }
@@ -441,6 +444,9 @@ impl Config {
         }
         if self.generation.max_queue == 0 {
             return invalid("generation.max_queue", "must be at least 1".into());
+        }
+        if let Err(e) = self.safety.check() {
+            return invalid("safety.deny", e);
         }
         if let Some(isq) = &self.generation.isq {
             if mistralrs::core::parse_isq_value(isq, None).is_err() {

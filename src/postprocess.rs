@@ -230,6 +230,8 @@ pub struct StreamStep {
 /// just closed (`[1](url)` is a link, not a citation).
 #[derive(Debug)]
 pub struct AnswerStream {
+    /// Personal data redacted in what is emitted (the same rules as the final answer's).
+    pii: Option<crate::safety::PiiRules>,
     stops: Vec<String>,
     raw: String,
     emitted: usize,
@@ -249,12 +251,20 @@ static CLOSED_MARKER: LazyLock<Regex> = LazyLock::new(|| {
 impl AnswerStream {
     pub fn new(stops: &[String]) -> Self {
         AnswerStream {
+            pii: None,
             stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
             raw: String::new(),
             emitted: 0,
             cited: HashSet::new(),
             stopped: false,
         }
+    }
+
+    /// Emits text with personal data redacted as `rules` say; a run of text that may still
+    /// become personal data (digits, an address being written) is held back until it ends.
+    pub fn with_redaction(mut self, rules: crate::safety::PiiRules) -> Self {
+        self.pii = Some(rules);
+        self
     }
 
     /// Adds a raw delta; `blocks` are the context blocks in prompt order.
@@ -300,6 +310,9 @@ impl AnswerStream {
                 }
             }
         }
+        if self.pii.is_some() {
+            safe -= crate::safety::pii_tail(&raw[..safe]);
+        }
         let head = &raw[..safe];
         if let Some(m) = OPEN_MARKER.find(head).or_else(|| CLOSED_MARKER.find(head)) {
             safe = m.start();
@@ -310,6 +323,10 @@ impl AnswerStream {
     /// Emits the answer made of the first `safe` raw bytes, past what was emitted already.
     fn advance(&mut self, safe: usize, blocks: &[Hit]) -> StreamStep {
         let (text, citations) = cite(&self.raw[..safe], blocks);
+        let text = match &self.pii {
+            Some(rules) => crate::safety::redact(&text, rules).0,
+            None => text,
+        };
         let mut step = StreamStep::default();
         if text.len() > self.emitted && text.is_char_boundary(self.emitted) {
             step.text = text[self.emitted..].to_string();
@@ -515,6 +532,66 @@ mod tests {
         let (rest, answer, _) = s.finish(&blocks);
         assert_eq!(rest.text, "");
         assert_eq!(answer, "Cargo builds [1]. Done.");
+    }
+
+    #[test]
+    fn property_redacted_stream_equals_the_redacted_answer() {
+        let stops = vec!["<|im_end|>".to_string()];
+        let blocks = [hit("a", "A is one."), hit("b", "B.")];
+        let rules = crate::safety::PiiRules::default();
+        let atoms = [
+            "Mail ",
+            "ann@x.org",
+            " or ",
+            "call ",
+            "+1 415 555 0132",
+            " card ",
+            "4111",
+            " 1111",
+            " 1111 1111",
+            ".",
+            " [1]",
+            " ",
+            "\n",
+            "IP 10.0.0.",
+            "7",
+            " ssn 123-45-",
+            "6789",
+            "<|im_end|>",
+            "word",
+            "sk-",
+            "abcdefghijklmnopqrstuvwx1",
+        ];
+        let mut rng = Rng(0x5DEE_CE66_D1CE_4E5B);
+        let mut redacted = 0;
+        for _ in 0..2000 {
+            let text: String = (0..rng.below(16))
+                .map(|_| atoms[rng.below(atoms.len())])
+                .collect();
+            let bounds: Vec<usize> = text.char_indices().map(|(i, _)| i).collect();
+            let mut cuts: Vec<usize> = (0..rng.below(10))
+                .filter_map(|_| bounds.get(rng.below(bounds.len().max(1))).copied())
+                .collect();
+            cuts.extend([0, text.len()]);
+            cuts.sort_unstable();
+            cuts.dedup();
+            let mut s = AnswerStream::new(&stops).with_redaction(rules.clone());
+            let mut out = String::new();
+            for w in cuts.windows(2) {
+                let step = s.push(&text[w[0]..w[1]], &blocks);
+                out.push_str(&step.text);
+                if step.stopped {
+                    break;
+                }
+            }
+            let (rest, answer, _) = s.finish(&blocks);
+            out.push_str(&rest.text);
+            let expected = crate::safety::redact(&answer, &rules).0;
+            assert_eq!(out, expected, "text {text:?} cuts {cuts:?}");
+            redacted += usize::from(expected.contains("[email]") || expected.contains("[us_ssn]"));
+        }
+        // the generator does produce personal data to redact
+        assert!(redacted > 100, "{redacted}");
     }
 
     #[test]

@@ -183,11 +183,10 @@ fn phone_ok(t: &str, start: usize, end: usize) -> bool {
     while !t.is_char_boundary(from) {
         from -= 1;
     }
-    let mut to = (end + 16).min(t.len());
-    while !t.is_char_boundary(to) {
-        to += 1;
-    }
-    PHONE_CONTEXT.is_match(&t[from..start]) || PHONE_CONTEXT.is_match(&t[end..to])
+    // only what comes before counts: a streamed answer must be decidable when the number
+    // is complete
+    let _ = end;
+    PHONE_CONTEXT.is_match(&t[from..start])
 }
 /// Keys and tokens with well-known prefixes.
 static KEY_PREFIXED: LazyLock<Regex> = LazyLock::new(|| {
@@ -593,6 +592,183 @@ pub const INJECTION_THRESHOLD: f32 = 0.5;
 
 pub fn is_injection(text: &str) -> bool {
     injection_score(text).0 >= INJECTION_THRESHOLD
+}
+
+/// What to do with a retrieved chunk that contains instructions to the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ChunkInjection {
+    /// Left out of the prompt.
+    Drop,
+    /// Kept, fenced as quoted data the model must not follow.
+    #[default]
+    Quote,
+    /// Kept as it is (still reported).
+    Allow,
+}
+
+/// What to do with a question that contains instructions to the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum QuestionInjection {
+    /// Answered, and reported in `safety.reasons`.
+    #[default]
+    Flag,
+    /// Not answered (`safety.blocked`).
+    Block,
+}
+
+/// `[safety]` in the config.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SafetyConfig {
+    /// Per kind: `redact` (default), `mask` or `allow`.
+    #[serde(default)]
+    pub pii: PiiRules,
+    #[serde(default)]
+    pub chunk_injection: ChunkInjection,
+    #[serde(default)]
+    pub question_injection: QuestionInjection,
+    /// Regular expressions; an answer that matches one is withheld.
+    #[serde(default)]
+    pub deny: Vec<String>,
+}
+
+impl SafetyConfig {
+    /// The deny patterns compile.
+    pub fn check(&self) -> Result<(), String> {
+        for p in &self.deny {
+            Regex::new(p).map_err(|e| format!("pattern {p:?} does not compile: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// What the filter did to one answer (`safety` in the response).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SafetyReport {
+    /// Pieces of personal data redacted or masked in the answer and its quotes.
+    pub redactions: usize,
+    /// The answer was withheld.
+    pub blocked: bool,
+    /// Why, e.g. `pii:email`, `prompt_injection:question`, `prompt_injection:document`,
+    /// `deny`, `system_prompt_echo`; each once.
+    pub reasons: Vec<String>,
+}
+
+impl SafetyReport {
+    pub fn reason(&mut self, r: impl Into<String>) {
+        let r = r.into();
+        if !self.reasons.contains(&r) {
+            self.reasons.push(r);
+        }
+    }
+}
+
+/// The safety stage: one per process, built from `[safety]` and the system prompt.
+#[derive(Debug, Clone)]
+pub struct Filter {
+    pub config: SafetyConfig,
+    deny: Vec<Regex>,
+}
+
+/// How much of the system prompt, verbatim, makes an echo.
+const ECHO_CHARS: usize = 60;
+
+impl Filter {
+    pub fn new(config: SafetyConfig) -> Result<Self, String> {
+        config.check()?;
+        let deny = config
+            .deny
+            .iter()
+            .filter_map(|p| Regex::new(p).ok())
+            .collect();
+        Ok(Filter { config, deny })
+    }
+
+    /// The question: `Some(reason)` when it carries instructions.
+    pub fn question(&self, question: &str, report: &mut SafetyReport) -> bool {
+        if is_injection(question) {
+            report.reason("prompt_injection:question");
+            if self.config.question_injection == QuestionInjection::Block {
+                report.blocked = true;
+            }
+        }
+        report.blocked
+    }
+
+    /// Which chunks carry instructions: for each, whether to keep it, and whether to fence it.
+    pub fn chunk(&self, text: &str, report: &mut SafetyReport) -> (bool, bool) {
+        if !is_injection(text) {
+            return (true, false);
+        }
+        report.reason("prompt_injection:document");
+        match self.config.chunk_injection {
+            ChunkInjection::Drop => (false, false),
+            ChunkInjection::Quote => (true, true),
+            ChunkInjection::Allow => (true, false),
+        }
+    }
+
+    /// Personal data redacted per the rules, counted in `report`.
+    pub fn redact(&self, text: &str, report: &mut SafetyReport) -> String {
+        let (out, kinds) = redact(text, &self.config.pii);
+        report.redactions += kinds.len();
+        for k in kinds {
+            report.reason(format!("pii:{}", k.name()));
+        }
+        out
+    }
+
+    /// Whether the answer must be withheld: a deny pattern, or the system prompt echoed.
+    pub fn withhold(&self, answer: &str, system_prompt: &str, report: &mut SafetyReport) -> bool {
+        let flat = |s: &str| {
+            s.split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+                .to_lowercase()
+        };
+        if self.deny.iter().any(|d| d.is_match(answer)) {
+            report.reason("deny");
+            report.blocked = true;
+        }
+        let (a, sys) = (flat(answer), flat(system_prompt));
+        let chars: Vec<(usize, char)> = sys.char_indices().collect();
+        let echoed = chars.len() >= ECHO_CHARS
+            && chars.windows(ECHO_CHARS).step_by(8).any(|w| {
+                let (start, end) = (w[0].0, w[ECHO_CHARS - 1].0 + w[ECHO_CHARS - 1].1.len_utf8());
+                a.contains(&sys[start..end])
+            });
+        if echoed {
+            report.reason("system_prompt_echo");
+            report.blocked = true;
+        }
+        report.blocked
+    }
+}
+
+/// Bytes at the end of streamed text that may still turn into personal data, held back
+/// until the text moves on: the word being written, or, when the trailing run of
+/// characters that occur in personal data (letters, digits, `@ . + - _ ( ) / : =` and
+/// spaces) holds a digit or an `@`, that whole run (it ends at other punctuation or a line
+/// break).
+pub fn pii_tail(text: &str) -> usize {
+    let run: usize = text
+        .chars()
+        .rev()
+        .take_while(|c| c.is_alphanumeric() || " @.+-_()/:=".contains(*c))
+        .map(char::len_utf8)
+        .sum();
+    let tail = &text[text.len() - run..];
+    if tail.chars().any(|c| c.is_numeric() || c == '@') {
+        return run;
+    }
+    // prose: only the word being written (it may still become an address or a key)
+    text.chars()
+        .rev()
+        .take_while(|c| !c.is_whitespace())
+        .map(char::len_utf8)
+        .sum()
 }
 
 #[cfg(test)]
