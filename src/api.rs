@@ -191,6 +191,7 @@ async fn healthz(engine: web::Data<QueryEngine>) -> Result<HttpResponse, ApiErro
         "status": "ok",
         "chunks": chunks,
         "generation": engine.generator().stats(),
+        "safety": engine.safety_counts(),
     })))
 }
 

@@ -85,6 +85,8 @@ pub async fn query_engine(config: &Config, index: Index) -> anyhow::Result<Query
         Limits::from_config(config),
         config.generation.max_queue,
         config.generation.cache_size,
+        crate::safety::Filter::new(config.safety.clone())
+            .map_err(|e| anyhow::anyhow!("safety: {e}"))?,
     ))
 }
 

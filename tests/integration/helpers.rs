@@ -159,6 +159,14 @@ pub fn client() -> reqwest::Client {
 /// A server of its own (settings changed by `adjust`) over the ownership chapter, for
 /// tests that would disturb the shared one.
 pub fn own_server(adjust: impl FnOnce(&mut docent::config::Config)) -> (tempfile::TempDir, String) {
+    server_over(&[rust_book(OWNERSHIP)], adjust)
+}
+
+/// A server of its own over `files`, settings changed by `adjust`.
+pub fn server_over(
+    files: &[PathBuf],
+    adjust: impl FnOnce(&mut docent::config::Config),
+) -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();
     let mut config = config(&dir.path().join("index"));
     adjust(&mut config);
@@ -166,9 +174,9 @@ pub fn own_server(adjust: impl FnOnce(&mut docent::config::Config)) -> (tempfile
         let index = docent::startup::open_index(&config).unwrap();
         let ingestor = docent::startup::ingestor(&config, &index).unwrap();
         let report = ingestor
-            .ingest_paths(&[rust_book(OWNERSHIP)], &docent_ingest::pipeline::Silent)
+            .ingest_paths(files, &docent_ingest::pipeline::Silent)
             .unwrap();
-        assert_eq!(report.ingested.len(), 1);
+        assert_eq!(report.ingested.len(), files.len());
     }
     let address = serve(config);
     (dir, address)

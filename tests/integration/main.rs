@@ -11,4 +11,5 @@ mod generation;
 mod helpers;
 mod ingest;
 mod parsers;
+mod safety;
 mod streaming;
