@@ -39,6 +39,31 @@ pub struct Config {
     pub prompts: PromptsConfig,
     #[serde(default)]
     pub safety: crate::safety::SafetyConfig,
+    #[serde(default)]
+    pub citations: CitationsConfig,
+}
+
+/// `[citations]`: fallback attribution for answers whose sentences lack a marker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CitationsConfig {
+    /// Add markers (`inferred: true`) to unmarked sentences a chunk supports, and remove
+    /// model markers whose chunk does not support their sentence.
+    pub fallback: bool,
+    /// Support (mean of content-word overlap and embedding cosine) needed to add a marker.
+    pub add_at: f32,
+    /// Support below which a model-written marker is removed.
+    pub drop_below: f32,
+}
+
+impl Default for CitationsConfig {
+    fn default() -> Self {
+        CitationsConfig {
+            fallback: true,
+            add_at: 0.45,
+            drop_below: 0.1,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -282,6 +307,7 @@ impl Default for Config {
                 dir: "prompts".into(),
             },
             safety: crate::safety::SafetyConfig::default(),
+            citations: CitationsConfig::default(),
         }
     }
 }

@@ -263,7 +263,33 @@ pub struct AnswerReport {
     /// Answerable questions answered with `answerable: false`.
     pub false_refusal: f64,
     pub mean_seconds: f64,
+    /// Citation precision and coverage with the model's markers only and with fallback
+    /// attribution at several thresholds, on all answerable questions and on the second
+    /// half (held out when the thresholds are chosen on the first).
+    pub attribution: Vec<AttributionRow>,
 }
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AttributionRow {
+    pub setting: String,
+    pub citations: usize,
+    pub precision: f64,
+    pub coverage: f64,
+    pub held_out_precision: f64,
+    pub held_out_coverage: f64,
+}
+
+/// Fallback settings the answer evaluation compares (add_at, drop_below).
+pub const ATTRIBUTION_SWEEP: &[(f32, f32)] = &[
+    (0.3, 0.1),
+    (0.4, 0.1),
+    (0.45, 0.1),
+    (0.5, 0.1),
+    (0.6, 0.1),
+    (0.7, 0.1),
+    (0.45, 0.0),
+    (0.45, 0.2),
+];
 
 /// Token budget of each generated answer (SQuAD answers are short).
 pub const ANSWER_TOKENS: usize = 64;
@@ -301,6 +327,8 @@ pub async fn answers(
     let (mut answerable, mut unanswerable, mut gold, mut refused_ok, mut refused_wrongly) =
         (0usize, 0usize, 0usize, 0usize, 0usize);
     let (mut citations, mut good_citations, mut covered) = (0usize, 0usize, 0usize);
+    // per setting (0 = the model's markers), per answerable question: (citations, good)
+    let mut per_setting: Vec<Vec<(usize, usize)>> = vec![Vec::new(); ATTRIBUTION_SWEEP.len() + 1];
     let started = Instant::now();
     for q in &queries {
         let response = engine
@@ -334,7 +362,86 @@ pub async fn answers(
             any_good |= good;
         }
         covered += usize::from(any_good);
+
+        // the same answer with fallback attribution over the same retrieved blocks
+        let search = engine
+            .search(crate::query::SearchRequest {
+                question: q.text.clone(),
+                retrieval: Default::default(),
+            })
+            .await?;
+        let hits: Vec<docent_ingest::store::Hit> = search
+            .hits
+            .iter()
+            .map(|h| docent_ingest::store::Hit {
+                payload: docent_ingest::store::ChunkPayload {
+                    document_id: h.document_id.clone(),
+                    source: h.source.clone(),
+                    title: h.title.clone(),
+                    chunk_index: h.chunk_index,
+                    page: h.page,
+                    span: h.span,
+                    text: h.text.clone(),
+                    ..Default::default()
+                },
+                score: h.score,
+            })
+            .collect();
+        let texts: Vec<String> = hits.iter().map(|h| h.payload.text.clone()).collect();
+        let good_block = |n: usize| texts.get(n - 1).is_some_and(|t| contains(t, &golds));
+        let tally = |cits: &[crate::postprocess::Citation]| {
+            (cits.len(), cits.iter().filter(|c| good_block(c.n)).count())
+        };
+        let (answer, model) = crate::postprocess::cite(&response.answer, &hits);
+        per_setting[0].push(tally(&model));
+        let claims = crate::postprocess::claims(&answer);
+        let support = engine.support(&claims, &texts).await?;
+        for (i, &(add_at, drop_below)) in ATTRIBUTION_SWEEP.iter().enumerate() {
+            let a = crate::postprocess::Attribution { add_at, drop_below };
+            let (_, cits) = crate::postprocess::attribute(&answer, &claims, &support, &hits, a);
+            per_setting[i + 1].push(tally(&cits));
+        }
     }
+    let score = |rows: &[(usize, usize)]| {
+        let cits: usize = rows.iter().map(|r| r.0).sum();
+        let good: usize = rows.iter().map(|r| r.1).sum();
+        let covered = rows.iter().filter(|r| r.1 > 0).count();
+        (
+            cits,
+            if cits == 0 {
+                0.0
+            } else {
+                good as f64 / cits as f64
+            },
+            if rows.is_empty() {
+                0.0
+            } else {
+                covered as f64 / rows.len() as f64
+            },
+        )
+    };
+    let attribution = per_setting
+        .iter()
+        .enumerate()
+        .map(|(i, rows)| {
+            let (cits, precision, coverage) = score(rows);
+            let (_, held_out_precision, held_out_coverage) = score(&rows[rows.len() / 2..]);
+            AttributionRow {
+                setting: match i {
+                    0 => "model markers only".to_string(),
+                    i => {
+                        let (a, d) = ATTRIBUTION_SWEEP[i - 1];
+                        format!("fallback add_at {a}, drop_below {d}")
+                    }
+                },
+                citations: cits,
+                precision,
+                coverage,
+                held_out_precision,
+                held_out_coverage,
+            }
+        })
+        .collect();
     let share = |a: usize, b: usize| if b == 0 { 0.0 } else { a as f64 / b as f64 };
     Ok(AnswerReport {
         questions: queries.len(),
@@ -347,6 +454,7 @@ pub async fn answers(
         correct_refusal: share(refused_ok, unanswerable),
         false_refusal: share(refused_wrongly, answerable),
         mean_seconds: started.elapsed().as_secs_f64() / queries.len().max(1) as f64,
+        attribution,
     })
 }
 
@@ -654,6 +762,28 @@ impl std::fmt::Display for EvalReport {
                 100.0 * a.correct_refusal,
                 100.0 * a.false_refusal
             )?;
+            writeln!(
+                f,
+                "{:<38} {:>9} {:>10} {:>9} {:>18} {:>17}",
+                "citations",
+                "citations",
+                "precision",
+                "coverage",
+                "held-out precision",
+                "held-out coverage"
+            )?;
+            for r in &a.attribution {
+                writeln!(
+                    f,
+                    "{:<38} {:>9} {:>9.1}% {:>8.1}% {:>17.1}% {:>16.1}%",
+                    r.setting,
+                    r.citations,
+                    100.0 * r.precision,
+                    100.0 * r.coverage,
+                    100.0 * r.held_out_precision,
+                    100.0 * r.held_out_coverage
+                )?;
+            }
         }
         Ok(())
     }

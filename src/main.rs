@@ -337,8 +337,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     .await??;
             let mut report = evaluated.report;
             if let Some(n) = answers.filter(|&n| n > 0) {
-                let engine =
-                    startup::query_engine(&evaluated.config, evaluated.index.clone()).await?;
+                // the model's own markers; the eval applies the fallback itself to compare
+                let mut config = evaluated.config.clone();
+                config.citations.fallback = false;
+                let engine = startup::query_engine(&config, evaluated.index.clone()).await?;
                 report.answers = Some(docent::eval::answers(&engine, &data, n).await?);
             }
             print_report(&report, json)

@@ -24,6 +24,10 @@ pub struct Citation {
     pub score: f32,
     /// The sentence of the chunk that best supports the citing answer text.
     pub quote: String,
+    /// True when docent added the marker (fallback attribution), false when the model
+    /// wrote it.
+    #[serde(default)]
+    pub inferred: bool,
 }
 
 /// `[1]`, `[1, 2]`, `[1-3]`, `[ 2 ]`, `[1][2]`…
@@ -207,9 +211,149 @@ pub fn cite(answer: &str, blocks: &[Hit]) -> (String, Vec<Citation>) {
                 span: p.span,
                 score: hit.score,
                 quote: best_quote(&p.text, &claim),
+                inferred: false,
             }
         })
         .collect();
+    (text, citations)
+}
+
+/// A sentence of a (normal-form) answer with the blocks its markers cite.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    /// Byte range in the answer, markers included.
+    pub start: usize,
+    pub end: usize,
+    /// The sentence without its markers.
+    pub text: String,
+    pub markers: Vec<usize>,
+}
+
+static NORMAL_MARKER: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r" ?\[(\d{1,3})\]").expect("valid regex"));
+
+/// The sentences of an answer in normal form (as [`cite`] returns it); a run of markers
+/// after a full stop belongs to the sentence before it.
+pub fn claims(answer: &str) -> Vec<Claim> {
+    let mut bounds = vec![0];
+    for m in SENTENCE_END.find_iter(answer) {
+        bounds.push(m.end());
+    }
+    bounds.push(answer.len());
+    bounds.dedup();
+    let mut out: Vec<Claim> = Vec::new();
+    for w in bounds.windows(2) {
+        let (start, end) = (w[0], w[1]);
+        let seg = &answer[start..end];
+        let markers: Vec<usize> = NORMAL_MARKER
+            .captures_iter(seg)
+            .filter_map(|c| c[1].parse().ok())
+            .collect();
+        let text = NORMAL_MARKER.replace_all(seg, "").trim().to_string();
+        match out.last_mut() {
+            // markers alone: they cite the sentence before
+            Some(prev) if !has_words(&text) => {
+                prev.end = end;
+                prev.markers.extend(markers);
+            }
+            _ => out.push(Claim {
+                start,
+                end,
+                text,
+                markers,
+            }),
+        }
+    }
+    out.retain(|c| has_words(&c.text) || !c.markers.is_empty());
+    out
+}
+
+/// Thresholds of the fallback attribution, on the support score (the mean of the share
+/// of the sentence's content words found in the chunk and the cosine similarity of their
+/// embeddings).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Attribution {
+    /// A sentence without a marker gets one for its best block at or above this.
+    pub add_at: f32,
+    /// A model-written marker is removed below this.
+    pub drop_below: f32,
+}
+
+/// How much a chunk supports a sentence, lexically: the share of the sentence's content
+/// words that occur in the chunk.
+pub fn lexical_support(sentence: &str, chunk: &str) -> f32 {
+    let s = words(sentence);
+    if s.is_empty() {
+        return 0.0;
+    }
+    let c = words(chunk);
+    s.intersection(&c).count() as f32 / s.len() as f32
+}
+
+/// Fallback attribution on a normal-form answer: `support[i][b]` is how much block `b + 1`
+/// supports claim `i`. Sentences with content words and no marker get the best block's
+/// marker when it is supported enough; model markers whose block does not support their
+/// sentence are removed. Returns the answer and its citations, the added ones marked
+/// `inferred`.
+pub fn attribute(
+    answer: &str,
+    claims: &[Claim],
+    support: &[Vec<f32>],
+    blocks: &[Hit],
+    a: Attribution,
+) -> (String, Vec<Citation>) {
+    let mut out = String::with_capacity(answer.len() + 16);
+    let mut model_cited = HashSet::new();
+    let mut inferred = HashSet::new();
+    let mut last = 0;
+    for (claim, row) in claims.iter().zip(support) {
+        out.push_str(&answer[last..claim.start]);
+        let seg = &answer[claim.start..claim.end];
+        let kept: Vec<usize> = claim
+            .markers
+            .iter()
+            .copied()
+            .filter(|&n| row.get(n - 1).is_some_and(|&s| s >= a.drop_below))
+            .collect();
+        model_cited.extend(kept.iter().copied());
+        // the sentence with only the kept markers, where they were
+        let mut rebuilt = String::with_capacity(seg.len());
+        let mut at = 0;
+        for m in NORMAL_MARKER.captures_iter(seg) {
+            let (Some(whole), Ok(n)) = (m.get(0), m[1].parse::<usize>()) else {
+                continue;
+            };
+            rebuilt.push_str(&seg[at..whole.start()]);
+            if kept.contains(&n) {
+                rebuilt.push_str(whole.as_str());
+            }
+            at = whole.end();
+        }
+        rebuilt.push_str(&seg[at..]);
+        if kept.is_empty() && words(&claim.text).len() >= 2 {
+            let best = row
+                .iter()
+                .enumerate()
+                .max_by(|x, y| x.1.total_cmp(y.1))
+                .filter(|(_, &s)| s >= a.add_at);
+            if let Some((b, _)) = best {
+                let n = b + 1;
+                inferred.insert(n);
+                // before the sentence's closing punctuation and blanks
+                let body =
+                    rebuilt.trim_end_matches(|c: char| c.is_whitespace() || ".!?".contains(c));
+                let tail = rebuilt[body.len()..].to_string();
+                rebuilt = format!("{body} [{n}]{tail}");
+            }
+        }
+        out.push_str(&rebuilt);
+        last = claim.end;
+    }
+    out.push_str(&answer[last..]);
+    let (text, mut citations) = cite(&out, blocks);
+    for c in &mut citations {
+        c.inferred = inferred.contains(&c.n) && !model_cited.contains(&c.n);
+    }
     (text, citations)
 }
 
@@ -460,6 +604,39 @@ mod tests {
             ),
             "It enables memory safety without a garbage collector."
         );
+    }
+
+    #[test]
+    fn fallback_attribution_adds_supported_markers_and_drops_unsupported_ones() {
+        let blocks = [
+            hit("a", "Cargo is the Rust build tool and package manager."),
+            hit("b", "Ownership rules: each value has one owner."),
+        ];
+        let (answer, _) = cite(
+            "Cargo is the package manager. Each value has an owner [1]. Hello there.",
+            &blocks,
+        );
+        let found = claims(&answer);
+        assert_eq!(found.len(), 3);
+        assert_eq!(found[1].markers, [1]);
+        // support: claim 0 by block 1, claim 1 by block 2 (not by its marker's block 1),
+        // claim 2 by nothing
+        let support = vec![vec![0.9, 0.1], vec![0.05, 0.8], vec![0.2, 0.1]];
+        let a = Attribution {
+            add_at: 0.5,
+            drop_below: 0.15,
+        };
+        let (text, cits) = attribute(&answer, &found, &support, &blocks, a);
+        assert_eq!(
+            text,
+            "Cargo is the package manager [1]. Each value has an owner [2]. Hello there."
+        );
+        let flags: Vec<(usize, bool)> = cits.iter().map(|c| (c.n, c.inferred)).collect();
+        assert_eq!(flags, [(1, true), (2, true)]);
+        // markers after the full stop belong to the sentence before
+        let (answer, _) = cite("Cargo builds. [1] Owners are unique.", &blocks);
+        assert_eq!(claims(&answer).len(), 2);
+        assert!(lexical_support("Cargo builds packages", "the cargo tool builds") > 0.6);
     }
 
     #[test]

@@ -190,6 +190,8 @@ pub struct Limits {
     /// Speculative decoding is on: mistral.rs decodes it greedily whatever the sampling
     /// settings, so sampled requests are refused rather than silently answered greedily.
     pub greedy_only: bool,
+    /// Fallback attribution of unmarked sentences (`[citations]`), when on.
+    pub attribution: Option<postprocess::Attribution>,
 }
 
 impl Limits {
@@ -209,6 +211,10 @@ impl Limits {
             max_question_chars: c.server.max_question_chars,
             keep_alive: Duration::from_millis(c.server.keep_alive_ms.max(1)),
             greedy_only: c.generation.draft.is_some(),
+            attribution: c.citations.fallback.then_some(postprocess::Attribution {
+                add_at: c.citations.add_at,
+                drop_below: c.citations.drop_below,
+            }),
         }
     }
 }
@@ -528,6 +534,63 @@ impl QueryEngine {
         &self.generator
     }
 
+    /// How much each block supports each claim: the mean of the share of the claim's
+    /// content words in the block and the cosine similarity of their embeddings.
+    pub async fn support(
+        &self,
+        claims: &[postprocess::Claim],
+        blocks: &[String],
+    ) -> Result<Vec<Vec<f32>>, QueryError> {
+        if claims.is_empty() || blocks.is_empty() {
+            return Ok(vec![vec![]; claims.len()]);
+        }
+        let texts: Vec<String> = claims
+            .iter()
+            .map(|c| c.text.clone())
+            .chain(blocks.iter().cloned())
+            .collect();
+        let embedder = self.index.embedder.clone();
+        let vectors = tokio::task::spawn_blocking(move || {
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            embedder.embed_dense(&refs)
+        })
+        .await
+        .map_err(|e| QueryError::Internal(e.to_string()))??;
+        let cos = |a: &[f32], b: &[f32]| {
+            let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+            let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+            dot / (norm(a) * norm(b))
+        };
+        let (claim_vecs, block_vecs) = vectors.split_at(claims.len());
+        Ok(claims
+            .iter()
+            .zip(claim_vecs)
+            .map(|(c, cv)| {
+                blocks
+                    .iter()
+                    .zip(block_vecs)
+                    .map(|(b, bv)| (postprocess::lexical_support(&c.text, b) + cos(cv, bv)) / 2.0)
+                    .collect()
+            })
+            .collect())
+    }
+
+    /// Fallback attribution of a normal-form answer over the prompt's blocks, when on.
+    async fn attribute(
+        &self,
+        answer: String,
+        citations: Vec<Citation>,
+        hits: &[Hit],
+    ) -> Result<(String, Vec<Citation>), QueryError> {
+        let Some(a) = self.limits.attribution else {
+            return Ok((answer, citations));
+        };
+        let claims = postprocess::claims(&answer);
+        let blocks: Vec<String> = hits.iter().map(|h| h.payload.text.clone()).collect();
+        let support = self.support(&claims, &blocks).await?;
+        Ok(postprocess::attribute(&answer, &claims, &support, hits, a))
+    }
+
     /// Safety decisions so far, by reason (`checked`: answers and questions looked at).
     pub fn safety_counts(&self) -> std::collections::BTreeMap<String, u64> {
         self.safety_counts
@@ -784,6 +847,7 @@ impl QueryEngine {
         let generation_ms = generation_started.elapsed().as_secs_f64() * 1e3;
         let text = postprocess::truncate_at_stop(&generation.text, &p.q.params.stop);
         let (answer, citations) = postprocess::cite(text, &p.hits);
+        let (answer, citations) = self.attribute(answer, citations, &p.hits).await?;
         Ok(self.finish(&p, answer, citations, &generation, generation_ms, None))
     }
 
@@ -894,6 +958,15 @@ impl QueryEngine {
                     let generation_ms = generation_started.elapsed().as_secs_f64() * 1e3;
                     let (rest, text, citations) = answer.finish(&p.hits);
                     let mut events = send_step(rest, &mut ttft_ms);
+                    // the done event has the attributed answer; the deltas had the model's
+                    // own markers
+                    let (text, citations) = match self.attribute(text, citations, &p.hits).await {
+                        Ok(attributed) => attributed,
+                        Err(e) => {
+                            let _ = tx.send(QueryEvent::Error(e)).await;
+                            return;
+                        }
+                    };
                     let response =
                         self.finish(&p, text, citations, &generation, generation_ms, ttft_ms);
                     events.push(QueryEvent::Done(Box::new(response)));

@@ -68,7 +68,11 @@ fn deltas(events: &[Event]) -> String {
 /// also when a stop sequence cuts it; the `done` event is the non-streamed body.
 #[tokio::test]
 async fn a_streamed_answer_equals_the_non_streamed_one() {
-    let (_dir, address) = own_server(|c| c.generation.cache_size = 0);
+    // fallback attribution edits the finished answer (the done event), not the deltas
+    let (_dir, address) = own_server(|c| {
+        c.generation.cache_size = 0;
+        c.citations.fallback = false;
+    });
     let c = client();
     let url = format!("{address}/v1/query");
     let body = |stream: bool, stop: &[&str]| {
