@@ -60,7 +60,7 @@ impl Default for CitationsConfig {
     fn default() -> Self {
         CitationsConfig {
             fallback: true,
-            add_at: 0.45,
+            add_at: 0.3,
             drop_below: 0.1,
         }
     }
