@@ -77,7 +77,7 @@ pub struct Dataset {
     answers: HashMap<String, Vec<String>>,
 }
 
-fn jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> anyhow::Result<Vec<T>> {
+pub(crate) fn jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> anyhow::Result<Vec<T>> {
     let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     std::io::BufReader::new(f)
         .lines()

@@ -68,6 +68,36 @@ pub struct Generation {
     pub completion_secs: f64,
 }
 
+impl Generation {
+    /// A finished generation with the engine's usage (token counts and timings; zero when
+    /// the engine sent none).
+    fn new(
+        text: String,
+        finish_reason: String,
+        usage: Option<&mistralrs::Usage>,
+        token_ids: Option<Vec<u32>>,
+    ) -> Self {
+        let (prompt_tokens, completion_tokens, prompt_secs, completion_secs) =
+            usage.map_or((0, 0, 0.0, 0.0), |u| {
+                (
+                    u.prompt_tokens,
+                    u.completion_tokens,
+                    f64::from(u.total_prompt_time_sec),
+                    f64::from(u.total_completion_time_sec),
+                )
+            });
+        Generation {
+            text,
+            prompt_tokens,
+            completion_tokens,
+            finish_reason,
+            token_ids,
+            prompt_secs,
+            completion_secs,
+        }
+    }
+}
+
 pub struct Generator {
     model: Model,
     path: PathBuf,
@@ -244,8 +274,6 @@ pub struct GenerationStream {
     finished: bool,
     /// `Done`, held back while the text of the last chunk is delivered.
     pending_done: Option<Generation>,
-    started: Instant,
-    first_token_ms: Option<f64>,
 }
 
 impl GenerationStream {
@@ -273,28 +301,8 @@ impl GenerationStream {
             Some(c) => (c.delta.content.unwrap_or_default(), c.finish_reason),
             None => (String::new(), None),
         };
-        if !text.is_empty() && self.first_token_ms.is_none() {
-            self.first_token_ms = Some(self.started.elapsed().as_secs_f64() * 1e3);
-        }
         if let Some(finish_reason) = finish_reason {
-            let (prompt_tokens, completion_tokens, prompt_secs, completion_secs) =
-                chunk.usage.map_or((0, 0, 0.0, 0.0), |u| {
-                    (
-                        u.prompt_tokens,
-                        u.completion_tokens,
-                        u.total_prompt_time_sec as f64,
-                        u.total_completion_time_sec as f64,
-                    )
-                });
-            let done = Generation {
-                text: String::new(),
-                prompt_tokens,
-                completion_tokens,
-                finish_reason,
-                token_ids: None,
-                prompt_secs,
-                completion_secs,
-            };
+            let done = Generation::new(String::new(), finish_reason, chunk.usage.as_ref(), None);
             if text.is_empty() {
                 self.finished = true;
                 return Some(Ok(StreamEvent::Done(done)));
@@ -302,11 +310,6 @@ impl GenerationStream {
             self.pending_done = Some(done);
         }
         Some(Ok(StreamEvent::Delta(text)))
-    }
-
-    /// Milliseconds from the request to the first generated text.
-    pub fn first_token_ms(&self) -> Option<f64> {
-        self.first_token_ms
     }
 }
 
@@ -375,9 +378,9 @@ impl Generator {
             .map(|s| parse_isq_value(s, None))
             .transpose()
             .map_err(load_err)?;
-        let target = match (&target, &config.uqff, isq) {
+        let target = match (&target, &config.uqff) {
             // a UQFF directory made earlier: load the quantized weights from it
-            (Source::Safetensors { .. } | Source::Hub { .. }, Some(dir), _)
+            (Source::Safetensors { .. } | Source::Hub { .. }, Some(dir))
                 if uqff_file(dir).is_some() =>
             {
                 Source::resolve(dir)?
@@ -552,7 +555,6 @@ impl Generator {
     ) -> Result<GenerationStream, GenerateError> {
         // room for a few chunks: the engine waits on a full channel
         let (tx, rx) = mpsc::channel(64);
-        let started = Instant::now();
         self.send(messages(prompt), sampling(params), false, true, tx)
             .await?;
         self.counters.active.fetch_add(1, Ordering::Relaxed);
@@ -561,8 +563,6 @@ impl Generator {
             counters: self.counters.clone(),
             finished: false,
             pending_done: None,
-            started,
-            first_token_ms: None,
         })
     }
 
@@ -644,34 +644,26 @@ impl Generator {
     ) -> Result<Generation, GenerateError> {
         let (tx, mut rx) = mpsc::channel(8);
         self.counters.active.fetch_add(1, Ordering::Relaxed);
-        let sent = self
+        let response = match self
             .send(messages, sampling_params, logprobs, false, tx)
-            .await;
-        let response = match sent {
-            Ok(()) => rx.recv().await,
-            Err(e) => {
-                self.counters.active.fetch_sub(1, Ordering::Relaxed);
-                return Err(e);
-            }
+            .await
+        {
+            Ok(()) => rx
+                .recv()
+                .await
+                .ok_or_else(|| GenerateError::Engine("the engine dropped the request".into())),
+            Err(e) => Err(e),
         };
         self.counters.active.fetch_sub(1, Ordering::Relaxed);
-        let response = response
-            .ok_or_else(|| GenerateError::Engine("the engine dropped the request".into()))?;
-        match response {
+        match response? {
             Response::Done(r) => {
                 let choice = r.choices.into_iter().next();
-                Ok(Generation {
-                    finish_reason: choice
-                        .as_ref()
-                        .map(|c| c.finish_reason.clone())
-                        .unwrap_or_default(),
-                    text: choice.and_then(|c| c.message.content).unwrap_or_default(),
-                    prompt_tokens: r.usage.prompt_tokens,
-                    completion_tokens: r.usage.completion_tokens,
-                    token_ids: None,
-                    prompt_secs: r.usage.total_prompt_time_sec as f64,
-                    completion_secs: r.usage.total_completion_time_sec as f64,
-                })
+                let finish_reason = choice
+                    .as_ref()
+                    .map(|c| c.finish_reason.clone())
+                    .unwrap_or_default();
+                let text = choice.and_then(|c| c.message.content).unwrap_or_default();
+                Ok(Generation::new(text, finish_reason, Some(&r.usage), None))
             }
             Response::CompletionDone(r) => {
                 let choice = r.choices.into_iter().next();
@@ -684,18 +676,17 @@ impl Generator {
                             .filter_map(|t| t.top_logprobs.first().map(|t| t.token))
                             .collect()
                     });
-                Ok(Generation {
-                    finish_reason: choice
-                        .as_ref()
-                        .map(|c| c.finish_reason.clone())
-                        .unwrap_or_default(),
-                    text: choice.map(|c| c.text).unwrap_or_default(),
-                    prompt_tokens: r.usage.prompt_tokens,
-                    completion_tokens: r.usage.completion_tokens,
+                let finish_reason = choice
+                    .as_ref()
+                    .map(|c| c.finish_reason.clone())
+                    .unwrap_or_default();
+                let text = choice.map(|c| c.text).unwrap_or_default();
+                Ok(Generation::new(
+                    text,
+                    finish_reason,
+                    Some(&r.usage),
                     token_ids,
-                    prompt_secs: r.usage.total_prompt_time_sec as f64,
-                    completion_secs: r.usage.total_completion_time_sec as f64,
-                })
+                ))
             }
             other => Err(response_error(other)),
         }

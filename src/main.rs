@@ -438,19 +438,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 _ => Some((smollm("F32"), smollm("Q4_1"), gamma))
                     .filter(|(t, d, _)| t.is_file() && d.is_file()),
             };
-            let peer = if no_peer {
-                None
-            } else {
-                anyhow::ensure!(
-                    peer_python.is_file(),
-                    "{} not found: run scripts/bench-generate-venv.sh (or `make bench-generate`), or pass --no-peer",
-                    peer_python.display()
-                );
-                Some(docent::bench::Peer {
-                    python: peer_python,
-                    script: "scripts/bench_generate_peer.py".into(),
-                })
-            };
+            let peer = python_peer(
+                no_peer,
+                peer_python,
+                "scripts/bench_generate_peer.py",
+                "scripts/bench-generate-venv.sh (or `make bench-generate`)",
+            )?;
             let opts = docent::bench::generate::Options {
                 models,
                 dtype,
@@ -512,20 +505,36 @@ impl BenchArgs {
         if let Some(d) = self.model_dir {
             config.embedding.model_dir = d;
         }
-        if self.no_peer {
-            return Ok((None, self.json));
-        }
-        anyhow::ensure!(
-            self.peer_python.is_file(),
-            "{} not found: run scripts/bench-peer-venv.sh (or `make bench`), or pass --no-peer",
-            self.peer_python.display()
-        );
-        let peer = docent::bench::Peer {
-            python: self.peer_python,
-            script: script.into(),
-        };
-        Ok((Some(peer), self.json))
+        let peer = python_peer(
+            self.no_peer,
+            self.peer_python,
+            script,
+            "scripts/bench-peer-venv.sh (or `make bench`)",
+        )?;
+        Ok((peer, self.json))
     }
+}
+
+/// The Python peer running `script` in the environment of `python`, unless `--no-peer`;
+/// the environment must exist (`setup` says how to make it).
+fn python_peer(
+    no_peer: bool,
+    python: PathBuf,
+    script: &str,
+    setup: &str,
+) -> anyhow::Result<Option<docent::bench::Peer>> {
+    if no_peer {
+        return Ok(None);
+    }
+    anyhow::ensure!(
+        python.is_file(),
+        "{} not found: run {setup}, or pass --no-peer",
+        python.display()
+    );
+    Ok(Some(docent::bench::Peer {
+        python,
+        script: script.into(),
+    }))
 }
 
 /// A report as its table, or as one JSON object with `--json`.

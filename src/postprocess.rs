@@ -658,11 +658,29 @@ mod tests {
         fn below(&mut self, n: usize) -> usize {
             (self.next() % n as u64) as usize
         }
+        /// `text` cut into up to `max_cuts + 1` pieces on char boundaries.
+        fn pieces<'t>(&mut self, text: &'t str, max_cuts: usize) -> Vec<&'t str> {
+            let bounds: Vec<usize> = text.char_indices().map(|(i, _)| i).collect();
+            let mut cuts: Vec<usize> = (0..self.below(max_cuts))
+                .filter_map(|_| bounds.get(self.below(bounds.len().max(1))).copied())
+                .collect();
+            cuts.extend([0, text.len()]);
+            cuts.sort_unstable();
+            cuts.dedup();
+            cuts.windows(2).map(|w| &text[w[0]..w[1]]).collect()
+        }
     }
 
     /// Streams `text` in the given pieces; returns the concatenated deltas and the final answer.
     fn stream(pieces: &[&str], stops: &[String], blocks: &[Hit]) -> (String, String, Vec<usize>) {
-        let mut s = AnswerStream::new(stops);
+        stream_with(AnswerStream::new(stops), pieces, blocks)
+    }
+
+    fn stream_with(
+        mut s: AnswerStream,
+        pieces: &[&str],
+        blocks: &[Hit],
+    ) -> (String, String, Vec<usize>) {
         let mut out = String::new();
         let mut ns = Vec::new();
         for p in pieces {
@@ -745,26 +763,11 @@ mod tests {
             let text: String = (0..rng.below(16))
                 .map(|_| atoms[rng.below(atoms.len())])
                 .collect();
-            let bounds: Vec<usize> = text.char_indices().map(|(i, _)| i).collect();
-            let mut cuts: Vec<usize> = (0..rng.below(10))
-                .filter_map(|_| bounds.get(rng.below(bounds.len().max(1))).copied())
-                .collect();
-            cuts.extend([0, text.len()]);
-            cuts.sort_unstable();
-            cuts.dedup();
-            let mut s = AnswerStream::new(&stops).with_redaction(rules.clone());
-            let mut out = String::new();
-            for w in cuts.windows(2) {
-                let step = s.push(&text[w[0]..w[1]], &blocks);
-                out.push_str(&step.text);
-                if step.stopped {
-                    break;
-                }
-            }
-            let (rest, answer, _) = s.finish(&blocks);
-            out.push_str(&rest.text);
+            let pieces = rng.pieces(&text, 10);
+            let stream = AnswerStream::new(&stops).with_redaction(rules.clone());
+            let (out, answer, _) = stream_with(stream, &pieces, &blocks);
             let expected = crate::safety::redact(&answer, &rules).0;
-            assert_eq!(out, expected, "text {text:?} cuts {cuts:?}");
+            assert_eq!(out, expected, "text {text:?} pieces {pieces:?}");
             redacted += usize::from(expected.contains("[email]") || expected.contains("[us_ssn]"));
         }
         // the generator does produce personal data to redact
@@ -820,15 +823,7 @@ mod tests {
             let text: String = (0..rng.below(24))
                 .map(|_| atoms[rng.below(atoms.len())])
                 .collect();
-            // cut the text into random pieces on char boundaries
-            let bounds: Vec<usize> = text.char_indices().map(|(i, _)| i).collect();
-            let mut cuts: Vec<usize> = (0..rng.below(8))
-                .filter_map(|_| bounds.get(rng.below(bounds.len().max(1))).copied())
-                .collect();
-            cuts.extend([0, text.len()]);
-            cuts.sort_unstable();
-            cuts.dedup();
-            let pieces: Vec<&str> = cuts.windows(2).map(|w| &text[w[0]..w[1]]).collect();
+            let pieces = rng.pieces(&text, 8);
             let (out, answer, ns) = stream(&pieces, &stops, &blocks);
             let (expected, citations) = cite(truncate_at_stop(&text, &stops), &blocks);
             assert_eq!(out, expected, "text {text:?} pieces {pieces:?}");

@@ -162,7 +162,8 @@ static NANP: LazyLock<Regex> =
 
 /// Whether a phone-shaped match is a phone number: international or area-code forms, three
 /// or more groups and the North American shape stand on their own; two bare groups or an
-/// unseparated run of digits need a word like "phone" or "call" near them.
+/// unseparated run of digits need a word like "phone" or "call" before them (only what
+/// comes before counts: a streamed answer must be decidable when the number is complete).
 fn phone_ok(t: &str, start: usize, end: usize) -> bool {
     let s = &t[start..end];
     let d = digits(s.split(['x', 'e']).next().unwrap_or(s));
@@ -183,9 +184,6 @@ fn phone_ok(t: &str, start: usize, end: usize) -> bool {
     while !t.is_char_boundary(from) {
         from -= 1;
     }
-    // only what comes before counts: a streamed answer must be decidable when the number
-    // is complete
-    let _ = end;
     PHONE_CONTEXT.is_match(&t[from..start])
 }
 /// Keys and tokens with well-known prefixes.
@@ -649,10 +647,14 @@ pub struct SafetyConfig {
 impl SafetyConfig {
     /// The deny patterns compile.
     pub fn check(&self) -> Result<(), String> {
-        for p in &self.deny {
-            Regex::new(p).map_err(|e| format!("pattern {p:?} does not compile: {e}"))?;
-        }
-        Ok(())
+        self.deny_patterns().map(drop)
+    }
+
+    fn deny_patterns(&self) -> Result<Vec<Regex>, String> {
+        self.deny
+            .iter()
+            .map(|p| Regex::new(p).map_err(|e| format!("pattern {p:?} does not compile: {e}")))
+            .collect()
     }
 }
 
@@ -689,16 +691,11 @@ const ECHO_CHARS: usize = 60;
 
 impl Filter {
     pub fn new(config: SafetyConfig) -> Result<Self, String> {
-        config.check()?;
-        let deny = config
-            .deny
-            .iter()
-            .filter_map(|p| Regex::new(p).ok())
-            .collect();
+        let deny = config.deny_patterns()?;
         Ok(Filter { config, deny })
     }
 
-    /// The question: `Some(reason)` when it carries instructions.
+    /// The question: reported when it carries instructions; true when it is blocked.
     pub fn question(&self, question: &str, report: &mut SafetyReport) -> bool {
         if is_injection(question) {
             report.reason("prompt_injection:question");
@@ -1156,23 +1153,9 @@ pub mod evaluate {
             text: String,
             label: u8,
         }
-        let read = |p: &Path| {
-            std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))
-        };
-        let rows: Vec<Row> = read(labelled)?
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(serde_json::from_str)
-            .collect::<Result<_, _>>()?;
-        let ordinary: Vec<String> = read(questions)?
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .take(limit)
-            .map(|l| {
-                serde_json::from_str::<serde_json::Value>(l)
-                    .map(|v| v["text"].as_str().unwrap_or_default().to_string())
-            })
-            .collect::<Result<_, _>>()?;
+        let rows: Vec<Row> = crate::eval::jsonl(labelled)?;
+        let mut ordinary = crate::eval::questions(questions)?;
+        ordinary.truncate(limit);
         let scored: Vec<(f32, u8)> = rows
             .iter()
             .map(|r| (injection_score(&r.text).0, r.label))

@@ -128,11 +128,8 @@ struct PeerReport {
 
 #[derive(Debug, Deserialize)]
 struct PeerResult {
-    prompt_tokens: usize,
-    prefill_tok_s: f64,
-    decode_tok_s: f64,
-    ttft_ms: f64,
-    new_tokens: usize,
+    #[serde(flatten)]
+    speed: Speed,
     generated: Vec<u32>,
 }
 
@@ -317,13 +314,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
             report.peer = Some(theirs.peer.clone());
             for (r, mine) in theirs.results.iter().zip(&ours) {
                 row.agreement.push(common_prefix(mine, &r.generated));
-                row.llama_cpp.push(Speed {
-                    prompt_tokens: r.prompt_tokens,
-                    new_tokens: r.new_tokens,
-                    prefill_tok_s: r.prefill_tok_s,
-                    decode_tok_s: r.decode_tok_s,
-                    ttft_ms: r.ttft_ms,
-                });
+                row.llama_cpp.push(r.speed.clone());
             }
         }
         report.models.push(row);
