@@ -44,13 +44,17 @@ bench-query: setup build
 	@bash scripts/bench-peer-venv.sh
 	$(BIN) bench query
 
-## Generation speed per weight format (F32, F16, Q8_0, Q4_1 GGUF) beside llama.cpp on the
+## Generation speed per weight format (F32, F16, Q8_0, Q6_K, Q4_K_M, Q4_0, Q4_1 GGUF; the
+## Q6_K, Q4_K_M and Q4_0 files are made by llama.cpp's quantizer) beside llama.cpp on the
 ## same files and 2 threads; speculative decoding; load times (GGUF, safetensors, ISQ, UQFF);
 ## 1/4/16 concurrent clients; memory over 1,000 distinct prompts. Builds llama-cpp-python
 ## once (cached in ~/.cache/docent-wheels).
 bench-generate: build
 	@SETUP_BENCH=1 bash scripts/setup-models.sh
 	@bash scripts/bench-generate-venv.sh
+	@for t in Q4_0 Q4_K_M Q6_K; do f=models/smollm2/SmolLM2-135M-Instruct.$$t.gguf; \
+	  [ -f $$f ] || models/.venv-llama/bin/python scripts/quantize_gguf.py \
+	    --src models/smollm2/SmolLM2-135M-Instruct.F32.gguf --out $$f --type $$(echo $$t | tr A-Z a-z) || exit 1; done
 	$(BIN) bench generate
 
 lint:

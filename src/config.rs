@@ -160,6 +160,10 @@ fn default_cache_size() -> usize {
     256
 }
 
+fn default_kernels() -> String {
+    "docent".into()
+}
+
 fn default_max_queue() -> usize {
     32
 }
@@ -214,6 +218,14 @@ pub struct GenerationConfig {
     /// on CPU it never evicts, so memory grows with every distinct prompt.
     #[serde(default)]
     pub prefix_cache: bool,
+    /// Compute threads for generation (rayon's global pool: docent's kernels and candle's
+    /// own operations share it); 0 = one per core.
+    #[serde(default)]
+    pub threads: usize,
+    /// CPU kernels: `docent` (kernels/: quantized matmuls, tiled attention, instruction set
+    /// chosen at run time) or `candle` (mistral.rs's and candle's own, for comparison).
+    #[serde(default = "default_kernels")]
+    pub kernels: String,
     /// Answers generating or waiting for the engine at once; more get 429 with
     /// `Retry-After`.
     #[serde(default = "default_max_queue")]
@@ -300,6 +312,8 @@ impl Default for Config {
                 max_num_seqs: 8,
                 context_tokens: 0,
                 prefix_cache: false,
+                threads: 0,
+                kernels: default_kernels(),
                 max_queue: default_max_queue(),
                 cache_size: default_cache_size(),
             },
@@ -466,6 +480,24 @@ impl Config {
             return invalid(
                 "server.max_body_bytes",
                 "server.max_body_bytes must be at least 256 and server.max_question_chars at least 1".into(),
+            );
+        }
+        if !["docent", "candle"].contains(&self.generation.kernels.as_str()) {
+            return invalid(
+                "generation.kernels",
+                format!(
+                    "must be docent or candle, got {:?}",
+                    self.generation.kernels
+                ),
+            );
+        }
+        if self.generation.threads > 1024 {
+            return invalid(
+                "generation.threads",
+                format!(
+                    "must be 0 (one per core) to 1024, got {}",
+                    self.generation.threads
+                ),
             );
         }
         if self.generation.max_queue == 0 {

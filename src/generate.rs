@@ -5,6 +5,8 @@
 //! slower than F32 there), the prefix cache can be turned off (on CPU mistral.rs never evicts
 //! it), and a missing file is an error instead of a Hugging Face lookup.
 
+pub mod cpu_kernels;
+
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -412,6 +414,8 @@ impl Generator {
             }),
             None => loader,
         };
+        cpu_kernels::init_threads(config.threads);
+        cpu_kernels::install(config.kernels == "docent");
         let force_cpu = config.device == "cpu";
         let dtype = dtype(&config.dtype);
         let max_num_seqs = NonZeroUsize::new(config.max_num_seqs).unwrap_or(NonZeroUsize::MIN);

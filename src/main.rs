@@ -193,6 +193,9 @@ enum Bench {
         peer_python: PathBuf,
         #[arg(long)]
         no_peer: bool,
+        /// CPU kernels: docent (kernels/) or candle (mistral.rs's and candle's own).
+        #[arg(long, default_value = "docent")]
+        kernels: String,
         #[arg(long)]
         json: bool,
     },
@@ -410,6 +413,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             memory,
             peer_python,
             no_peer,
+            kernels,
             json,
         }) => {
             // candle computes on rayon's global pool: size it before anything uses it
@@ -420,7 +424,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 PathBuf::from(format!("models/smollm2/SmolLM2-135M-Instruct.{kind}.gguf"))
             };
             let models = if model.is_empty() {
-                ["F32", "F16", "Q8_0", "Q4_1"]
+                ["F32", "F16", "Q8_0", "Q6_K", "Q4_K_M", "Q4_0", "Q4_1"]
                     .iter()
                     .map(|k| smollm(k))
                     .filter(|p| p.is_file())
@@ -457,6 +461,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 clients: clients.into_iter().filter(|&c| c > 0).collect(),
                 memory_queries: memory,
                 peer,
+                kernels,
             };
             let result = docent::bench::generate::run(&opts).await?;
             print_report(&result, json)

@@ -37,6 +37,8 @@ pub struct Options {
     /// Distinct prompts for the memory check (0 = skip).
     pub memory_queries: usize,
     pub peer: Option<Peer>,
+    /// `generation.kernels` for every engine of the run (`docent` or `candle`).
+    pub kernels: String,
 }
 
 /// One model × prompt cell.
@@ -111,6 +113,10 @@ pub struct MemoryRow {
 pub struct GenerateBench {
     pub threads: usize,
     pub dtype: String,
+    /// `docent` (kernels/, with the instruction set it chose) or `candle`.
+    pub kernels: String,
+    /// The processor (model name from /proc/cpuinfo).
+    pub cpu: String,
     pub models: Vec<ModelRow>,
     pub speculative: Vec<SpeculativeRow>,
     pub load: Vec<LoadRow>,
@@ -148,10 +154,11 @@ fn name(p: &Path) -> String {
         .unwrap_or_else(|| p.display().to_string())
 }
 
-fn config(model: &Path, dtype: &str) -> GenerationConfig {
+fn config(model: &Path, opts: &Options) -> GenerationConfig {
     GenerationConfig {
         model: model.to_path_buf(),
-        dtype: dtype.to_string(),
+        dtype: opts.dtype.clone(),
+        kernels: opts.kernels.clone(),
         ..crate::config::Config::default().generation
     }
 }
@@ -260,6 +267,12 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
     let _cleanup = RemoveOnDrop(scratch.clone());
     let mut report = GenerateBench {
         threads: opts.threads,
+        kernels: if opts.kernels == "docent" {
+            format!("docent ({})", docent_kernels::cpu::isa().name())
+        } else {
+            opts.kernels.clone()
+        },
+        cpu: cpu_model(),
         dtype: opts.dtype.clone(),
         models: Vec::new(),
         speculative: Vec::new(),
@@ -274,10 +287,10 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
     let mut cells: Vec<(String, GenerationConfig)> = opts
         .models
         .iter()
-        .map(|m| (name(m), config(m, &opts.dtype)))
+        .map(|m| (name(m), config(m, opts)))
         .collect();
     if let Some((dir, isq)) = &opts.load {
-        let mut c = config(dir, &opts.dtype);
+        let mut c = config(dir, opts);
         c.isq = Some(isq.clone());
         cells.push((format!("{} + ISQ {isq}", name(dir)), c));
     }
@@ -326,16 +339,16 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
             name(target),
             name(draft)
         );
-        let plain = Generator::load(&config(target, &opts.dtype)).await?;
+        let plain = Generator::load(&config(target, opts)).await?;
         let prompt = prompts(&plain, &text, &opts.prompt_tokens[..1]).remove(0);
         let (plain_speed, plain_out) =
             measure(&plain, &prompt, opts.new_tokens, opts.repeat).await?;
         drop(plain);
-        let alone = Generator::load(&config(draft, &opts.dtype)).await?;
+        let alone = Generator::load(&config(draft, opts)).await?;
         let (draft_speed, draft_out) =
             measure(&alone, &prompt, opts.new_tokens, opts.repeat).await?;
         drop(alone);
-        let mut c = config(target, &opts.dtype);
+        let mut c = config(target, opts);
         c.draft = Some(DraftConfig {
             model: draft.clone(),
             gamma: *gamma,
@@ -365,7 +378,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
                 load_ms: g.load_ms(),
             })
         };
-        let mut c = config(dir, &opts.dtype);
+        let mut c = config(dir, opts);
         report
             .load
             .push(time(format!("safetensors {}", name(dir)), c.clone()).await?);
@@ -387,11 +400,11 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
         for m in &opts.models {
             report
                 .load
-                .push(time(format!("GGUF {}", name(m)), config(m, &opts.dtype)).await?);
+                .push(time(format!("GGUF {}", name(m)), config(m, opts)).await?);
         }
     }
     if let (Some(model), false) = (opts.models.first(), opts.clients.is_empty()) {
-        let generator = std::sync::Arc::new(Generator::load(&config(model, &opts.dtype)).await?);
+        let generator = std::sync::Arc::new(Generator::load(&config(model, opts)).await?);
         let ids = generator.encode(&text);
         for &clients in &opts.clients {
             eprintln!("bench generate: {clients} concurrent clients");
@@ -410,7 +423,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
                 opts.memory_queries
             };
             eprintln!("bench generate: memory over {n} prompts, prefix cache {prefix_cache}");
-            let mut c = config(model, &opts.dtype);
+            let mut c = config(model, opts);
             c.prefix_cache = prefix_cache;
             let generator = Generator::load(&c).await?;
             let ids = generator.encode(&text);
@@ -440,6 +453,19 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
 }
 
 /// Resident set size of this process, MiB (Linux).
+/// The processor's model name (first `model name` line of /proc/cpuinfo).
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
 fn rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/statm")
         .ok()
@@ -510,9 +536,10 @@ impl fmt::Display for GenerateBench {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "generation: {} threads, activations {}, greedy; tok/s and ms are medians",
-            self.threads, self.dtype
+            "generation: {} threads, activations {}, kernels {}, greedy; tok/s and ms are medians",
+            self.threads, self.dtype, self.kernels
         )?;
+        writeln!(f, "cpu: {}", self.cpu)?;
         if let Some(p) = &self.peer {
             writeln!(f, "peer: {p}, same files, same token ids, same threads")?;
         }

@@ -18,9 +18,22 @@ async fn stories260k_greedy_matches_llama2c() {
 
     // The prompt is the BOS token itself (id 1), as in llama2.c; a text prompt through a
     // chat template would not start from BOS. 200 positions = 200 generated tokens.
+    let (matmuls, attentions) = docent::generate::cpu_kernels::calls();
     let g = generator.complete_tokens(vec![1], 200).await.unwrap();
     let ids = g.token_ids.clone().expect("token ids");
     assert_eq!(ids.len(), 200);
+    // The forward passes ran on docent's kernels (kernels/), not candle's.
+    let (m, a) = docent::generate::cpu_kernels::calls();
+    assert!(
+        m >= matmuls + 200 * 7,
+        "matmuls through docent's kernels: {}",
+        m - matmuls
+    );
+    assert!(
+        a >= attentions + 200,
+        "attentions through docent's kernels: {}",
+        a - attentions
+    );
 
     // Token for token: the whole sequence decoded at once equals llama2.c's text,
     // newlines (SentencePiece byte token <0x0A>, id 13) included.

@@ -100,7 +100,16 @@ impl PrefixCacheManagerV2 {
         // For paged attention, prefix caching is handled by the KVCacheManager.
         // PrefixCacheManagerV2 only handles non-paged attention caching.
         if !self.has_paged_attention {
-            let cache = seq.normal_cache().to_vec();
+            // docent: a copy, so the stored prefix never shares storage with a live sequence
+            // (sequences append to their caches in place).
+            let Ok(cache) = seq
+                .normal_cache()
+                .iter()
+                .map(|c| c.as_ref().map(|c| c.deep_copy()).transpose())
+                .collect::<Result<Vec<_>>>()
+            else {
+                return;
+            };
 
             self.caches.insert(
                 seq.get_toks().to_vec().into(),
@@ -352,6 +361,12 @@ impl PrefixCacheManagerV2 {
             }
 
             let mut cache = cache_element.clone();
+            // docent: the sequence gets storage of its own (it appends in place).
+            cache.cache = cache
+                .cache
+                .iter()
+                .map(|c| c.as_ref().map(|c| c.deep_copy()).transpose())
+                .collect::<Result<Vec<_>>>()?;
             // Count how many input images are not already cached
             let images_to_keep = if let Some(input_hashes) = image_hashes {
                 input_hashes.len().saturating_sub(images_match_until)

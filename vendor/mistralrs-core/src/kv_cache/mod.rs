@@ -133,6 +133,23 @@ impl KvCache {
         }
     }
 
+    /// docent: the same cache on storage of its own (a copy of the data).
+    pub fn deep_copy(&self) -> Result<Self> {
+        let mut out = self.clone();
+        match &mut out {
+            Self::Normal { k, v } => {
+                k.all_data = k.all_data.as_ref().map(|t| t.copy()).transpose()?;
+                v.all_data = v.all_data.as_ref().map(|t| t.copy()).transpose()?;
+            }
+            Self::Rotating { k, v } => {
+                k.all_data = k.all_data.as_ref().map(|t| t.copy()).transpose()?;
+                v.all_data = v.all_data.as_ref().map(|t| t.copy()).transpose()?;
+            }
+            Self::Shared { .. } => {}
+        }
+        Ok(out)
+    }
+
     pub fn reset(&mut self) {
         match self {
             Self::Normal { k, v } => {
@@ -267,6 +284,29 @@ impl<T: CacheManagerMixin + MetadataMixin + ?Sized> CacheManager<T> for NormalCa
         seqs: &mut [&mut crate::sequence::Sequence],
         modify_draft_cache: bool,
     ) {
+        // docent: one sequence runs on its own cache (shared storage, appended in place)
+        // instead of a zero-filled copy of the whole cache per step. The prefix cache copies
+        // what it stores and what it hands out, so no two sequences share storage.
+        if seqs.len() == 1 {
+            let src = if modify_draft_cache {
+                seqs[0].normal_draft_cache()
+            } else {
+                seqs[0].normal_cache()
+            };
+            let mut caches = Vec::with_capacity(src.len());
+            for (layer_idx, layer) in src.iter().enumerate() {
+                caches.push(match layer {
+                    Some(cache) => cache.clone(),
+                    None => {
+                        let mut cache = pipeline.cache().normal().0[layer_idx].clone();
+                        cache.reset();
+                        cache
+                    }
+                });
+            }
+            *pipeline.cache().normal() = NormalCache(caches);
+            return;
+        }
         let mut new_k_cache = Vec::new();
         let mut new_v_cache = Vec::new();
 

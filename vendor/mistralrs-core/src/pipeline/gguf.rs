@@ -739,6 +739,19 @@ impl MetadataMixin for GGUFPipeline {
     }
 }
 
+/// docent: moves the forward-pass closure (and its result) onto a rayon worker. The engine
+/// thread waits inside `rayon::scope` until it returns, so nothing is used from two threads
+/// at once; the model's types just do not all declare `Send`/`Sync`.
+struct CpuForward<T>(T);
+// SAFETY: see above: the value is used by one thread at a time, handed over and back through
+// rayon::scope, which returns only after the closure has finished.
+unsafe impl<T> Send for CpuForward<T> {}
+impl<T> CpuForward<T> {
+    fn into_inner(self) -> T {
+        self.0
+    }
+}
+
 #[async_trait::async_trait]
 impl Pipeline for GGUFPipeline {
     fn forward_inputs(
@@ -770,50 +783,64 @@ impl Pipeline for GGUFPipeline {
             }
             (None, None) => None,
         };
-        let logits = match self.model {
-            Model::Llama(ref model) => {
-                model.forward(&input_ids, &seqlen_offsets, context_lens, paged_attn_meta)?
-            }
-            Model::Phi2(ref model) => {
-                model.forward(&input_ids, &seqlen_offsets, context_lens, paged_attn_meta)?
-            }
-            Model::XLoraLlama(ref model) => model.forward(
-                &input_ids,
-                input_ids_full.as_ref().unwrap_or(&input_ids),
-                &seqlen_offsets,
-                seqlen_offsets_full.as_ref().unwrap_or(&seqlen_offsets),
-                self.no_kv_cache,
-                &self.non_granular_state,
-                context_lens,
-                &flash_meta,
-                flash_meta_full.as_ref().unwrap_or(&flash_meta),
-            )?,
-            Model::Phi3(ref model) => {
-                model.forward(&input_ids, &seqlen_offsets, paged_attn_meta)?
-            }
-            Model::XLoraPhi3(ref model) => model.forward(
-                &input_ids,
-                input_ids_full.as_ref().unwrap_or(&input_ids),
-                &seqlen_offsets,
-                seqlen_offsets_full.as_ref().unwrap_or(&seqlen_offsets),
-                self.no_kv_cache,
-                &self.non_granular_state,
-                context_lens,
-                &flash_meta,
-                flash_meta_full.as_ref().unwrap_or(&flash_meta),
-            )?,
-            Model::Starcoder2(ref model) => {
-                model.forward(&input_ids, &seqlen_offsets, paged_attn_meta)?
-            }
-            Model::Qwen(ref model) => {
-                model.forward(&input_ids, &seqlen_offsets, context_lens, paged_attn_meta)?
-            }
-            Model::Qwen3(ref model) => {
-                model.forward(&input_ids, &seqlen_offsets, context_lens, paged_attn_meta)?
-            }
-            Model::Qwen3MoE(ref model) => {
-                model.forward(&input_ids, &seqlen_offsets, context_lens, paged_attn_meta)?
-            }
+        // docent: on the CPU the forward pass runs on a worker of rayon's global pool, so
+        // every parallel section inside it (docent's kernels, candle's ops) starts from
+        // inside the pool instead of blocking and waking the engine thread once per operation.
+        let on_cpu = input_ids.device().is_cpu();
+        let model = &self.model;
+        let no_kv_cache = self.no_kv_cache;
+        let non_granular_state = &self.non_granular_state;
+        let job = CpuForward(move || -> Result<Tensor, candle_core::Error> {
+            Ok(match *model {
+                Model::Llama(ref model) => {
+                    model.forward(&input_ids, &seqlen_offsets, context_lens, paged_attn_meta)?
+                }
+                Model::Phi2(ref model) => {
+                    model.forward(&input_ids, &seqlen_offsets, context_lens, paged_attn_meta)?
+                }
+                Model::XLoraLlama(ref model) => model.forward(
+                    &input_ids,
+                    input_ids_full.as_ref().unwrap_or(&input_ids),
+                    &seqlen_offsets,
+                    seqlen_offsets_full.as_ref().unwrap_or(&seqlen_offsets),
+                    no_kv_cache,
+                    non_granular_state,
+                    context_lens,
+                    &flash_meta,
+                    flash_meta_full.as_ref().unwrap_or(&flash_meta),
+                )?,
+                Model::Phi3(ref model) => {
+                    model.forward(&input_ids, &seqlen_offsets, paged_attn_meta)?
+                }
+                Model::XLoraPhi3(ref model) => model.forward(
+                    &input_ids,
+                    input_ids_full.as_ref().unwrap_or(&input_ids),
+                    &seqlen_offsets,
+                    seqlen_offsets_full.as_ref().unwrap_or(&seqlen_offsets),
+                    no_kv_cache,
+                    non_granular_state,
+                    context_lens,
+                    &flash_meta,
+                    flash_meta_full.as_ref().unwrap_or(&flash_meta),
+                )?,
+                Model::Starcoder2(ref model) => {
+                    model.forward(&input_ids, &seqlen_offsets, paged_attn_meta)?
+                }
+                Model::Qwen(ref model) => {
+                    model.forward(&input_ids, &seqlen_offsets, context_lens, paged_attn_meta)?
+                }
+                Model::Qwen3(ref model) => {
+                    model.forward(&input_ids, &seqlen_offsets, context_lens, paged_attn_meta)?
+                }
+                Model::Qwen3MoE(ref model) => {
+                    model.forward(&input_ids, &seqlen_offsets, context_lens, paged_attn_meta)?
+                }
+            })
+        });
+        let logits = if on_cpu {
+            rayon::scope(move |_| CpuForward(job.into_inner()())).into_inner()?
+        } else {
+            job.into_inner()()?
         };
         if return_raw_logits {
             Ok(ForwardInputsResult::RawLogits { logits })

@@ -1,6 +1,6 @@
 #![allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
 
-use candle_core::{Context, Device, Result, Storage, Tensor, WithDType};
+use candle_core::{Context, DType, Device, Result, Storage, Tensor, WithDType};
 
 use half::bf16;
 use half::f16;
@@ -278,6 +278,87 @@ impl UpcastF32 for bf16 {
     }
 }
 
+/// docent: q, k, v as (b, seq, heads, d) views; the mask, if any, must be (q_len, kv_len).
+fn run_cpu_hook(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    sdpa_params: &SdpaParams,
+) -> Result<Option<Tensor>> {
+    let Some(hook) = mistralrs_quant::cpu_hooks::attention() else {
+        return Ok(None);
+    };
+    let (b, q_len, h, d) = q.dims4()?;
+    let (_, kv_len, h_kv, dk) = k.dims4()?;
+    let (_, v_len, h_v, dv) = v.dims4()?;
+    if dk != d || dv != d || v_len != kv_len || h_v != h_kv || h_kv == 0 || h % h_kv != 0 {
+        return Ok(None);
+    }
+    let strides3 = |t: &Tensor| -> Option<[usize; 3]> {
+        let s = t.stride();
+        (s[3] == 1).then_some([s[0], s[1], s[2]])
+    };
+    let (Some(qs), Some(ks), Some(vs)) = (strides3(q), strides3(k), strides3(v)) else {
+        return Ok(None);
+    };
+    let mask = match mask {
+        Some(m) if m.dims() == [q_len, kv_len] && m.dtype() == DType::F32 => {
+            Some(m.contiguous()?)
+        }
+        Some(_) => return Ok(None),
+        None => None,
+    };
+    fn cpu_f32<'a>(
+        guard: &'a candle_core::Storage,
+        layout: &candle_core::Layout,
+    ) -> Result<Option<&'a [f32]>> {
+        match guard {
+            Storage::Cpu(cpu) => Ok(Some(&cpu.as_slice::<f32>()?[layout.start_offset()..])),
+            _ => Ok(None),
+        }
+    }
+    let (q_guard, q_layout) = q.storage_and_layout();
+    let (k_guard, k_layout) = k.storage_and_layout();
+    let (v_guard, v_layout) = v.storage_and_layout();
+    let (Some(q_data), Some(k_data), Some(v_data)) = (
+        cpu_f32(&q_guard, q_layout)?,
+        cpu_f32(&k_guard, k_layout)?,
+        cpu_f32(&v_guard, v_layout)?,
+    ) else {
+        return Ok(None);
+    };
+    let mask_guard = mask.as_ref().map(|m| m.storage_and_layout());
+    let mask_data = match &mask_guard {
+        Some((g, l)) => match cpu_f32(g, l)? {
+            Some(m) => Some(&m[..q_len * kv_len]),
+            None => return Ok(None),
+        },
+        None => None,
+    };
+    let args = mistralrs_quant::cpu_hooks::AttentionArgs {
+        q: q_data,
+        k: k_data,
+        v: v_data,
+        q_strides: qs,
+        k_strides: ks,
+        v_strides: vs,
+        batch: b,
+        q_len,
+        kv_len,
+        n_heads: h,
+        n_kv_heads: h_kv,
+        head_dim: d,
+        scale: sdpa_params.softmax_scale,
+        softcap: sdpa_params.softcap.unwrap_or(0.0),
+        mask: mask_data,
+    };
+    match hook(&args) {
+        Some(out) => Ok(Some(Tensor::from_vec(out, (b, h, q_len, d), &Device::Cpu)?)),
+        None => Ok(None),
+    }
+}
+
 pub fn run_flash_attn_cpu<T>(
     q: &Tensor,
     k: &Tensor,
@@ -288,6 +369,13 @@ pub fn run_flash_attn_cpu<T>(
 where
     T: WithDType + Sum + num_traits::real::Real + DowncastF32 + UpcastF32 + Copy,
 {
+    // docent: the registered CPU attention (mistralrs_quant::cpu_hooks) for f32 data.
+    if T::DTYPE == DType::F32 {
+        if let Some(out) = run_cpu_hook(q, k, v, mask, sdpa_params)? {
+            return Ok(out);
+        }
+    }
+
     // Inline CPU slice extraction for q, k, v, and optional mask
     let (q_guard, q_layout) = q.storage_and_layout();
     let q_data: &[T] = if let Storage::Cpu(cpu) = &*q_guard {

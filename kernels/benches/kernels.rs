@@ -1,0 +1,104 @@
+//! Kernel timings on SmolLM2-135M's shapes: `cargo bench -p docent-kernels`.
+//!
+//! For each weight format: decode (one activation row, a gemv: GB/s of weights read) and
+//! prefill (600 rows: GFLOP/s), on the run-time instruction set and on the scalar one.
+
+use std::time::Instant;
+
+use docent_kernels::matmul::{matmul_with, WeightView};
+use docent_kernels::quant::Format;
+use docent_kernels::Isa;
+
+fn rand_bytes(n: usize, seed: &mut u64) -> Vec<u8> {
+    (0..n)
+        .map(|_| {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            (*seed >> 24) as u8
+        })
+        .collect()
+}
+
+fn weights(format: Format, rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
+    let rb = format.row_bytes(cols).expect("whole blocks");
+    let mut data = rand_bytes(rows * rb, seed);
+    // Sane scales: small f16 values where the format keeps its scales.
+    let small = half::f16::from_f32(0.01).to_le_bytes();
+    let bb = format.block_bytes();
+    for blk in data.chunks_exact_mut(bb) {
+        match format {
+            Format::F32 => blk.copy_from_slice(&0.01f32.to_le_bytes()),
+            Format::F16 => blk.copy_from_slice(&small),
+            Format::Q6K => blk[208..210].copy_from_slice(&small),
+            Format::Q4_1 | Format::Q4K => {
+                blk[..2].copy_from_slice(&small);
+                blk[2..4].copy_from_slice(&small);
+            }
+            _ => blk[..2].copy_from_slice(&small),
+        }
+    }
+    data
+}
+
+fn time<F: FnMut()>(mut f: F) -> f64 {
+    f();
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    best
+}
+
+fn main() {
+    let isa = docent_kernels::cpu::isa();
+    println!(
+        "docent-kernels: run-time ISA {}, {} rayon threads",
+        isa.name(),
+        rayon::current_num_threads()
+    );
+    // (rows, cols): attention q/o, k/v, ffn gate/up, ffn down; the 49152-row output is timed apart.
+    let shapes = [(576, 576), (192, 576), (1536, 576), (576, 1536)];
+    let mut seed = 0x1234_5678_9abc_def0u64;
+    println!("| format | decode GB/s ({}) | decode GB/s (scalar) | prefill 600 GFLOP/s ({}) | prefill GFLOP/s (scalar) |", isa.name(), isa.name());
+    println!("|---|---|---|---|---|");
+    for format in Format::ALL {
+        let cols_ok = |c: usize| c.is_multiple_of(format.block_elems());
+        let shapes: Vec<_> = shapes
+            .iter()
+            .copied()
+            .filter(|&(_, c)| cols_ok(c))
+            .collect();
+        let mut cells = Vec::new();
+        for (m, level) in [(1, isa), (1, Isa::Scalar), (600, isa), (600, Isa::Scalar)] {
+            let mut bytes = 0usize;
+            let mut flops = 0usize;
+            let mut secs = 0f64;
+            for &(rows, cols) in &shapes {
+                let data = weights(format, rows, cols, &mut seed);
+                let x: Vec<f32> = (0..m * cols)
+                    .map(|i| ((i % 17) as f32 - 8.0) * 0.1)
+                    .collect();
+                let w = WeightView {
+                    ggml_type: format.ggml_id(),
+                    rows,
+                    cols,
+                    data: &data,
+                };
+                secs += time(|| {
+                    std::hint::black_box(matmul_with(level, &w, &x, m));
+                });
+                bytes += data.len();
+                flops += 2 * m * rows * cols;
+            }
+            cells.push(if m == 1 {
+                format!("{:.1}", bytes as f64 / secs / 1e9)
+            } else {
+                format!("{:.1}", flops as f64 / secs / 1e9)
+            });
+        }
+        println!("| {} | {} |", format.name(), cells.join(" | "));
+    }
+}

@@ -1,0 +1,868 @@
+//! `y = x · Wᵀ` against weights in GGML block formats.
+//!
+//! `x` is `m` rows of `cols` f32 values; `W` is `rows` rows of `cols` elements in one of the
+//! [`Format`]s, in GGUF's byte layout. The result is `m × rows`, row-major.
+//!
+//! How it is computed:
+//! - Quantised weights multiply against 8-bit activations (integer dot products, as llama.cpp
+//!   does): the activations are quantised once per call into reused buffers, to blocks of 32
+//!   for Q4_0/Q4_1/Q5_0/Q8_0 and of 256 for Q4_K/Q6_K. F16 weights are read as F16 and widened
+//!   in registers; F32 weights are read as they are.
+//! - The weight rows are split into chunks, one rayon task per chunk (rayon's global pool, so
+//!   the thread count is the one docent configures). Decode (`m = 1`) is a multi-threaded gemv.
+//! - Prefill (`m > 1`) is tiled: a task walks its weight rows against tiles of
+//!   [`ACT_TILE`] activation rows, and each micro-kernel call multiplies one weight row by
+//!   [`R`] activation rows, so a weight block is loaded (and unpacked) once for R rows.
+//! - The output is written once, without zero-filling it first.
+//!
+//! Every format has a plain scalar micro-kernel computing the same integer sums; the AVX2
+//! kernels (also used on AVX-512 machines) are chosen at run time. [`matmul_reference`]
+//! dequantises each weight row to f32 and is what the tests compare against.
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use crate::cpu::Isa;
+use crate::quant::{dequantize_row, f16_at, q4k_scale_min, q6k_values, Format, Q8KRows, Q8Rows};
+
+/// A weight matrix: `rows` rows of `cols` elements in GGML type `ggml_type`.
+#[derive(Debug, Clone, Copy)]
+pub struct WeightView<'a> {
+    pub ggml_type: u32,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: &'a [u8],
+}
+
+/// Activation rows per micro-kernel call in prefill.
+pub const R: usize = 4;
+/// Activation rows per tile in prefill (kept in L1/L2 while a task walks its weight rows).
+pub const ACT_TILE: usize = 64;
+
+/// `x · Wᵀ` with the run-time instruction set. `None` when the format is not implemented or
+/// the shapes do not fit (the caller then falls back to its own code).
+pub fn matmul(w: &WeightView<'_>, x: &[f32], m: usize) -> Option<Vec<f32>> {
+    matmul_with(crate::cpu::isa(), w, x, m)
+}
+
+/// Scalar reference: each weight row dequantised to f32, then a plain dot product per output.
+pub fn matmul_reference(w: &WeightView<'_>, x: &[f32], m: usize) -> Option<Vec<f32>> {
+    let format = Format::from_ggml(w.ggml_type)?;
+    let rb = checked_row_bytes(format, w, x, m)?;
+    let mut out = vec![0f32; m * w.rows];
+    let mut row = vec![0f32; w.cols];
+    for j in 0..w.rows {
+        dequantize_row(format, &w.data[j * rb..(j + 1) * rb], &mut row);
+        for i in 0..m {
+            let xi = &x[i * w.cols..(i + 1) * w.cols];
+            out[i * w.rows + j] = row.iter().zip(xi).map(|(a, b)| a * b).sum();
+        }
+    }
+    Some(out)
+}
+
+fn checked_row_bytes(format: Format, w: &WeightView<'_>, x: &[f32], m: usize) -> Option<usize> {
+    let rb = format.row_bytes(w.cols)?;
+    let ok = w.rows > 0
+        && w.cols > 0
+        && m > 0
+        && w.data.len() >= rb.checked_mul(w.rows)?
+        && x.len() >= m.checked_mul(w.cols)?;
+    ok.then_some(rb)
+}
+
+/// Quantised activations of one call, reused between calls on the same thread.
+#[derive(Default)]
+struct Scratch {
+    q8: Q8Rows,
+    q8k: Q8KRows,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// One activation row as the micro-kernels see it.
+#[derive(Clone, Copy)]
+enum Act<'a> {
+    F32(&'a [f32]),
+    Q8 {
+        qs: &'a [i8],
+        d: &'a [f32],
+        s: &'a [f32],
+    },
+    Q8K {
+        qs: &'a [i8],
+        d: &'a [f32],
+        bsums: &'a [i16],
+    },
+}
+
+/// The output pointer, shared by the tasks; each writes a disjoint set of columns.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: tasks write disjoint elements (their own weight rows' columns) and the buffer
+// outlives the parallel section.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// The element pointer (a method, so closures capture the whole `Out`, which is `Sync`).
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+/// `x · Wᵀ` with an explicit instruction set (capped at what the processor has).
+pub fn matmul_with(isa: Isa, w: &WeightView<'_>, x: &[f32], m: usize) -> Option<Vec<f32>> {
+    let isa = isa.min(crate::cpu::detect());
+    let format = Format::from_ggml(w.ggml_type)?;
+    let rb = checked_row_bytes(format, w, x, m)?;
+    let (rows, cols) = (w.rows, w.cols);
+    let x = &x[..m * cols];
+
+    SCRATCH.with(|scratch| {
+        let mut scratch = scratch.borrow_mut();
+        let scratch = &mut *scratch;
+        match format {
+            Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q8_0 => {
+                scratch.q8.quantize(isa, x, m, cols)
+            }
+            Format::Q4K | Format::Q6K => scratch.q8k.quantize(isa, x, m, cols),
+            Format::F32 | Format::F16 => {}
+        }
+        let act = |i: usize| -> Act<'_> {
+            match format {
+                Format::F32 | Format::F16 => Act::F32(&x[i * cols..(i + 1) * cols]),
+                Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q8_0 => {
+                    let nb = cols / 32;
+                    let q = &scratch.q8;
+                    Act::Q8 {
+                        qs: &q.qs[i * cols..(i + 1) * cols],
+                        d: &q.d[i * nb..(i + 1) * nb],
+                        s: &q.s[i * nb..(i + 1) * nb],
+                    }
+                }
+                Format::Q4K | Format::Q6K => {
+                    let nb = cols / 256;
+                    let q = &scratch.q8k;
+                    Act::Q8K {
+                        qs: &q.qs[i * cols..(i + 1) * cols],
+                        d: &q.d[i * nb..(i + 1) * nb],
+                        bsums: &q.bsums[i * nb * 16..(i + 1) * nb * 16],
+                    }
+                }
+            }
+        };
+
+        let mut out: Vec<f32> = Vec::with_capacity(m * rows);
+        let out_ptr = Out(out.as_mut_ptr());
+        let threads = rayon::current_num_threads().max(1);
+        // Enough chunks to balance the threads, few enough that each is worth a task.
+        let per_task = if m == 1 {
+            rows.div_ceil(threads * 4).max(16)
+        } else {
+            rows.div_ceil(threads * 8).max(4)
+        };
+        let run = |chunk: usize| {
+            let j0 = chunk * per_task;
+            let j1 = (j0 + per_task).min(rows);
+            for i0 in (0..m).step_by(ACT_TILE) {
+                let i1 = (i0 + ACT_TILE).min(m);
+                for j in j0..j1 {
+                    let wrow = &w.data[j * rb..(j + 1) * rb];
+                    let mut i = i0;
+                    while i < i1 {
+                        let n = (i1 - i).min(R);
+                        let mut res = [0f32; R];
+                        let acts: [Act<'_>; R] = std::array::from_fn(|r| act(i + r.min(n - 1)));
+                        dot_rows(isa, format, wrow, cols, &acts, n, &mut res);
+                        for (r, v) in res.iter().enumerate().take(n) {
+                            // SAFETY: (i + r) < m and j < rows, so the index is inside the
+                            // m × rows buffer; no other task writes column j.
+                            unsafe { *out_ptr.at((i + r) * rows + j) = *v };
+                        }
+                        i += n;
+                    }
+                }
+            }
+        };
+        let chunks = rows.div_ceil(per_task);
+        if chunks == 1 || threads == 1 {
+            (0..chunks).for_each(run);
+        } else {
+            (0..chunks).into_par_iter().for_each(run);
+        }
+        // SAFETY: every element of the m × rows buffer was written above.
+        unsafe { out.set_len(m * rows) };
+        Some(out)
+    })
+}
+
+/// One weight row against `n` (≤ R) activation rows; `acts[n..]` repeat the last row.
+#[inline]
+fn dot_rows(
+    isa: Isa,
+    format: Format,
+    w: &[u8],
+    cols: usize,
+    acts: &[Act<'_>; R],
+    n: usize,
+    out: &mut [f32; R],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        // SAFETY: the caller capped `isa` at what the processor supports, so AVX2, FMA and
+        // F16C are present; the slices were checked to hold `cols` elements.
+        unsafe {
+            if n == 1 {
+                // A gemv row: one activation row, no padding rows computed.
+                let mut one = [0f32; 1];
+                avx2::dot_rows(isa, format, w, cols, &[acts[0]], &mut one);
+                out[0] = one[0];
+            } else {
+                avx2::dot_rows(isa, format, w, cols, acts, out);
+            }
+        }
+        return;
+    }
+    let _ = isa;
+    for r in 0..n {
+        out[r] = scalar::dot(format, w, cols, acts[r]);
+    }
+}
+
+/// Quantises one block (32 or 256 values) of activations; returns its scale.
+pub(crate) fn quantize_block(isa: Isa, x: &[f32], q: &mut [i8]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 && x.len().is_multiple_of(32) && q.len() == x.len() {
+        // SAFETY: AVX2 is present (isa was capped by the caller); lengths checked above.
+        return unsafe { avx2::quantize_block(x, q) };
+    }
+    let _ = isa;
+    crate::quant::quantize_block_scalar(x, q)
+}
+
+/// The scalar micro-kernels: the same integer sums as the SIMD ones, one element at a time.
+mod scalar {
+    use super::*;
+
+    pub(super) fn dot(format: Format, w: &[u8], cols: usize, act: Act<'_>) -> f32 {
+        match (format, act) {
+            (Format::F32, Act::F32(x)) => w
+                .chunks_exact(4)
+                .zip(x)
+                .map(|(b, x)| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) * x)
+                .sum(),
+            (Format::F16, Act::F32(x)) => (0..cols).map(|i| f16_at(w, 2 * i) * x[i]).sum(),
+            (Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0, Act::Q8 { qs, d, s }) => {
+                let bb = format.block_bytes();
+                let mut acc = 0f32;
+                for (b, blk) in w.chunks_exact(bb).enumerate() {
+                    let a = &qs[32 * b..32 * b + 32];
+                    let dw = f16_at(blk, 0);
+                    let (sum, offset) = match format {
+                        Format::Q8_0 => (
+                            (0..32).map(|i| blk[2 + i] as i8 as i32 * a[i] as i32).sum(),
+                            0.0,
+                        ),
+                        Format::Q4_0 => (nibble_dot(&blk[2..18], a), -8.0 * dw * s[b]),
+                        Format::Q4_1 => (nibble_dot(&blk[4..20], a), f16_at(blk, 2) * s[b]),
+                        _ => {
+                            let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+                            let mut sum = 0i32;
+                            for i in 0..16 {
+                                let lo = (blk[6 + i] & 15) as i32 | (((qh >> i) & 1) << 4) as i32;
+                                let hi =
+                                    (blk[6 + i] >> 4) as i32 | (((qh >> (i + 16)) & 1) << 4) as i32;
+                                sum += lo * a[i] as i32 + hi * a[i + 16] as i32;
+                            }
+                            (sum, -16.0 * dw * s[b])
+                        }
+                    };
+                    acc += dw * d[b] * sum as f32 + offset;
+                }
+                acc
+            }
+            (Format::Q4K, Act::Q8K { qs, d, bsums }) => {
+                let mut acc = 0f32;
+                for (b, blk) in w.chunks_exact(144).enumerate() {
+                    let (dw, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+                    let scales = &blk[4..16];
+                    let q4 = &blk[16..144];
+                    let a = &qs[256 * b..256 * b + 256];
+                    let (mut sumi, mut summ) = (0i32, 0i32);
+                    for j in 0..4 {
+                        let (sc1, m1) = q4k_scale_min(2 * j, scales);
+                        let (sc2, m2) = q4k_scale_min(2 * j + 1, scales);
+                        let (mut s1, mut s2) = (0i32, 0i32);
+                        for l in 0..32 {
+                            let q = q4[32 * j + l];
+                            s1 += (q & 15) as i32 * a[64 * j + l] as i32;
+                            s2 += (q >> 4) as i32 * a[64 * j + 32 + l] as i32;
+                        }
+                        sumi += sc1 as i32 * s1 + sc2 as i32 * s2;
+                        let bs = &bsums[16 * b..];
+                        summ += m1 as i32 * (bs[4 * j] as i32 + bs[4 * j + 1] as i32)
+                            + m2 as i32 * (bs[4 * j + 2] as i32 + bs[4 * j + 3] as i32);
+                    }
+                    acc += d[b] * (dw * sumi as f32 - dmin * summ as f32);
+                }
+                acc
+            }
+            (Format::Q6K, Act::Q8K { qs, d, .. }) => {
+                let mut acc = 0f32;
+                for (b, blk) in w.chunks_exact(210).enumerate() {
+                    let dw = f16_at(blk, 208);
+                    let a = &qs[256 * b..256 * b + 256];
+                    let mut sumi = 0i32;
+                    for half in 0..2 {
+                        let ql = &blk[64 * half..];
+                        let qh = &blk[128 + 32 * half..];
+                        let sc = &blk[192 + 8 * half..];
+                        let a = &a[128 * half..];
+                        for l in 0..32 {
+                            let is = l / 16;
+                            let [q1, q2, q3, q4] = q6k_values(ql, qh, l);
+                            sumi += sc[is] as i8 as i32 * q1 * a[l] as i32
+                                + sc[is + 2] as i8 as i32 * q2 * a[l + 32] as i32
+                                + sc[is + 4] as i8 as i32 * q3 * a[l + 64] as i32
+                                + sc[is + 6] as i8 as i32 * q4 * a[l + 96] as i32;
+                        }
+                    }
+                    acc += dw * d[b] * sumi as f32;
+                }
+                acc
+            }
+            _ => unreachable!("activation kind is chosen from the format"),
+        }
+    }
+
+    /// Σ nibble·a over a 32-element block whose low nibbles are elements 0..16.
+    fn nibble_dot(qs: &[u8], a: &[i8]) -> i32 {
+        (0..16)
+            .map(|i| (qs[i] & 15) as i32 * a[i] as i32 + (qs[i] >> 4) as i32 * a[i + 16] as i32)
+            .sum()
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)] // lanes and rows indexed side by side
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{Act, Format, Isa};
+
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let lo = _mm256_castps256_ps128(v);
+        let hi = _mm256_extractf128_ps(v, 1);
+        let s = _mm_add_ps(lo, hi);
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    #[inline(always)]
+    unsafe fn hsum_i32(v: __m256i) -> i32 {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+        _mm_cvtsi128_si32(s)
+    }
+
+    #[inline(always)]
+    unsafe fn f16(p: *const u8) -> f32 {
+        let bits = (p as *const u16).read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    }
+
+    /// 16 bytes of nibbles → 32 bytes: low nibbles in the low lane, high nibbles in the high.
+    #[inline(always)]
+    unsafe fn nibbles(p: *const u8) -> __m256i {
+        let t = _mm_loadu_si128(p as *const __m128i);
+        let b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+        _mm256_and_si256(b, _mm256_set1_epi8(0x0F))
+    }
+
+    /// Bit i of `x` → 0xFF in byte i.
+    #[inline(always)]
+    unsafe fn bits_to_bytes(x: u32) -> __m256i {
+        let t = _mm256_set1_epi32(x as i32);
+        let shuf = _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0,
+        );
+        let b = _mm256_shuffle_epi8(t, shuf);
+        let b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
+        _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1))
+    }
+
+    /// Σ u·s over byte pairs → 8 × i32 (u unsigned ≤ 127·2 safe in i16 for our ranges).
+    #[inline(always)]
+    unsafe fn dot_us(u: __m256i, s: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+    }
+
+    /// Σ a·b over signed bytes → 8 × i32, with |a| precomputed (`abs_a`) and `a` for signs.
+    #[inline(always)]
+    unsafe fn dot_ss(abs_a: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        dot_us(abs_a, _mm256_sign_epi8(b, a))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
+        let n = x.len();
+        let sign = _mm256_set1_ps(-0.0);
+        let mut amax = _mm256_setzero_ps();
+        for c in (0..n).step_by(8) {
+            let v = _mm256_loadu_ps(x.as_ptr().add(c));
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v));
+        }
+        let lo = _mm256_castps256_ps128(amax);
+        let hi = _mm256_extractf128_ps(amax, 1);
+        let m = _mm_max_ps(lo, hi);
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        let amax = _mm_cvtss_f32(m);
+        let d = amax / 127.0;
+        let id = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+        let lim = _mm256_set1_epi32(127);
+        let nlim = _mm256_set1_epi32(-127);
+        for c in (0..n).step_by(32) {
+            let mut v = [_mm256_setzero_si256(); 4];
+            for (k, v) in v.iter_mut().enumerate() {
+                let f = _mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(c + 8 * k)), id);
+                // Round to nearest, ties to even (the MXCSR default), as the scalar reference.
+                let r = _mm256_cvtps_epi32(f);
+                *v = _mm256_max_epi32(_mm256_min_epi32(r, lim), nlim);
+            }
+            let a = _mm256_packs_epi32(v[0], v[1]);
+            let b = _mm256_packs_epi32(v[2], v[3]);
+            let p = _mm256_packs_epi16(a, b);
+            // packs interleave 128-bit lanes: restore element order.
+            let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(q.as_mut_ptr().add(c) as *mut __m256i, p);
+        }
+        d
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_rows<const R: usize>(
+        isa: Isa,
+        format: Format,
+        w: &[u8],
+        cols: usize,
+        acts: &[Act<'_>; R],
+        out: &mut [f32; R],
+    ) {
+        let _ = isa;
+        match format {
+            Format::F32 => {
+                let x: [&[f32]; R] = std::array::from_fn(|r| match acts[r] {
+                    Act::F32(x) => x,
+                    _ => unreachable!(),
+                });
+                dot_f32(w.as_ptr() as *const f32, cols, x, out, false)
+            }
+            Format::F16 => {
+                let x: [&[f32]; R] = std::array::from_fn(|r| match acts[r] {
+                    Act::F32(x) => x,
+                    _ => unreachable!(),
+                });
+                dot_f32(w.as_ptr() as *const f32, cols, x, out, true)
+            }
+            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0 => {
+                dot_q32(format, w, cols, acts, out)
+            }
+            Format::Q4K => dot_q4k(w, cols, acts, out),
+            Format::Q6K => dot_q6k(w, cols, acts, out),
+        }
+    }
+
+    /// F32 or F16 weights (`f16` true: `w` points at halves) against R f32 rows.
+    #[inline(always)]
+    unsafe fn dot_f32<const R: usize>(
+        w: *const f32,
+        cols: usize,
+        x: [&[f32]; R],
+        out: &mut [f32; R],
+        f16: bool,
+    ) {
+        let load_w = |i: usize| -> __m256 {
+            if f16 {
+                _mm256_cvtph_ps(_mm_loadu_si128((w as *const u16).add(i) as *const __m128i))
+            } else {
+                _mm256_loadu_ps(w.add(i))
+            }
+        };
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        let mut i = 0;
+        while i + 16 <= cols {
+            let w0 = load_w(i);
+            let w1 = load_w(i + 8);
+            for r in 0..R {
+                let xp = x[r].as_ptr().add(i);
+                acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xp), acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xp.add(8)), acc[r][1]);
+            }
+            i += 16;
+        }
+        while i + 8 <= cols {
+            let w0 = load_w(i);
+            for r in 0..R {
+                acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[r].as_ptr().add(i)), acc[r][0]);
+            }
+            i += 8;
+        }
+        for r in 0..R {
+            let mut s = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+            for t in i..cols {
+                let wv = if f16 {
+                    half::f16::from_bits(*(w as *const u16).add(t)).to_f32()
+                } else {
+                    *w.add(t)
+                };
+                s += wv * x[r][t];
+            }
+            out[r] = s;
+        }
+    }
+
+    /// The 32-element formats against R rows of 8-bit activations.
+    #[inline(always)]
+    unsafe fn dot_q32<const R: usize>(
+        format: Format,
+        w: &[u8],
+        cols: usize,
+        acts: &[Act<'_>; R],
+        out: &mut [f32; R],
+    ) {
+        let mut qs = [std::ptr::null::<i8>(); R];
+        let mut ds = [std::ptr::null::<f32>(); R];
+        let mut ss = [std::ptr::null::<f32>(); R];
+        for r in 0..R {
+            match acts[r] {
+                Act::Q8 { qs: q, d, s } => {
+                    qs[r] = q.as_ptr();
+                    ds[r] = d.as_ptr();
+                    ss[r] = s.as_ptr();
+                }
+                _ => unreachable!(),
+            }
+        }
+        let bb = format.block_bytes();
+        let nb = cols / 32;
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut off = [0f32; R];
+        let wp = w.as_ptr();
+        for b in 0..nb {
+            let blk = wp.add(b * bb);
+            let dw = f16(blk);
+            match format {
+                Format::Q8_0 => {
+                    let q = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+                    let aq = _mm256_sign_epi8(q, q);
+                    for r in 0..R {
+                        let y = _mm256_loadu_si256(qs[r].add(32 * b) as *const __m256i);
+                        let p = _mm256_cvtepi32_ps(dot_ss(aq, q, y));
+                        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * *ds[r].add(b)), p, acc[r]);
+                    }
+                }
+                Format::Q4_0 | Format::Q4_1 | Format::Q5_0 => {
+                    let (u, k) = match format {
+                        Format::Q4_0 => (nibbles(blk.add(2)), -8.0 * dw),
+                        Format::Q4_1 => (nibbles(blk.add(4)), f16(blk.add(2))),
+                        _ => {
+                            let qh = (blk.add(2) as *const u32).read_unaligned();
+                            let hb = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+                            (_mm256_or_si256(nibbles(blk.add(6)), hb), -16.0 * dw)
+                        }
+                    };
+                    for r in 0..R {
+                        let y = _mm256_loadu_si256(qs[r].add(32 * b) as *const __m256i);
+                        let p = _mm256_cvtepi32_ps(dot_us(u, y));
+                        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * *ds[r].add(b)), p, acc[r]);
+                        off[r] += k * *ss[r].add(b);
+                    }
+                }
+                _ => unreachable!(),
+            }
+        }
+        for r in 0..R {
+            out[r] = hsum(acc[r]) + off[r];
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn q8k(act: &Act<'_>) -> (*const i8, *const f32, *const i16) {
+        match *act {
+            Act::Q8K { qs, d, bsums } => (qs.as_ptr(), d.as_ptr(), bsums.as_ptr()),
+            _ => unreachable!(),
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn dot_q4k<const R: usize>(
+        w: &[u8],
+        cols: usize,
+        acts: &[Act<'_>; R],
+        out: &mut [f32; R],
+    ) {
+        let a: [_; R] = std::array::from_fn(|r| q8k(&acts[r]));
+        let nb = cols / 256;
+        let mut acc = [0f32; R];
+        let m4 = _mm256_set1_epi8(0x0F);
+        for b in 0..nb {
+            let blk = w.as_ptr().add(b * 144);
+            let dw = f16(blk);
+            let dmin = f16(blk.add(2));
+            let sc_bytes = std::slice::from_raw_parts(blk.add(4), 12);
+            let mut sc = [0i16; 8];
+            let mut mn = [0i32; 8];
+            for j in 0..8 {
+                let (s, m) = super::q4k_scale_min(j, sc_bytes);
+                sc[j] = s as i16;
+                mn[j] = m as i32;
+            }
+            let mut lo = [_mm256_setzero_si256(); 4];
+            let mut hi = [_mm256_setzero_si256(); 4];
+            for j in 0..4 {
+                let q = _mm256_loadu_si256(blk.add(16 + 32 * j) as *const __m256i);
+                lo[j] = _mm256_and_si256(q, m4);
+                hi[j] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            }
+            for r in 0..R {
+                let (qs, d, bs) = a[r];
+                let qs = qs.add(256 * b);
+                let bs = bs.add(16 * b);
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..4 {
+                    let yl = _mm256_loadu_si256(qs.add(64 * j) as *const __m256i);
+                    let yh = _mm256_loadu_si256(qs.add(64 * j + 32) as *const __m256i);
+                    let pl = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(lo[j], yl),
+                        _mm256_set1_epi16(sc[2 * j]),
+                    );
+                    let ph = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(hi[j], yh),
+                        _mm256_set1_epi16(sc[2 * j + 1]),
+                    );
+                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+                }
+                let mut summ = 0i32;
+                for j in 0..8 {
+                    summ += mn[j] * (*bs.add(2 * j) as i32 + *bs.add(2 * j + 1) as i32);
+                }
+                let dy = *d.add(b);
+                acc[r] += dy * (dw * hsum_i32(sumi) as f32 - dmin * summ as f32);
+            }
+        }
+        *out = acc;
+    }
+
+    #[inline(always)]
+    unsafe fn dot_q6k<const R: usize>(
+        w: &[u8],
+        cols: usize,
+        acts: &[Act<'_>; R],
+        out: &mut [f32; R],
+    ) {
+        let a: [_; R] = std::array::from_fn(|r| q8k(&acts[r]));
+        let nb = cols / 256;
+        let mut acc = [0f32; R];
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m2 = _mm256_set1_epi8(0x03);
+        for b in 0..nb {
+            let blk = w.as_ptr().add(b * 210);
+            let dw = f16(blk.add(208));
+            let sc = std::slice::from_raw_parts(blk.add(192) as *const i8, 16);
+            // Unpack the 256 six-bit values (0..63) once for all rows: u[half][k] holds
+            // elements 128·half + 32·k .. + 32, whose groups of 16 use scales 8·half + 2k (+1).
+            let mut u = [[_mm256_setzero_si256(); 4]; 2];
+            let mut scv = [[_mm256_setzero_si256(); 4]; 2];
+            for half in 0..2 {
+                let ql = blk.add(64 * half);
+                let qh = _mm256_loadu_si256(blk.add(128 + 32 * half) as *const __m256i);
+                let ql0 = _mm256_loadu_si256(ql as *const __m256i);
+                let ql1 = _mm256_loadu_si256(ql.add(32) as *const __m256i);
+                let h0 = _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4);
+                let h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4);
+                let h2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4);
+                let h3 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4);
+                u[half][0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), h0);
+                u[half][1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), h1);
+                u[half][2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), h2);
+                u[half][3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), h3);
+                for k in 0..4 {
+                    let s0 = sc[8 * half + 2 * k] as i16;
+                    let s1 = sc[8 * half + 2 * k + 1] as i16;
+                    scv[half][k] = _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0));
+                }
+            }
+            for r in 0..R {
+                let (qs, d, bs) = a[r];
+                let qs = qs.add(256 * b);
+                let bs = bs.add(16 * b);
+                let mut sumi = _mm256_setzero_si256();
+                for half in 0..2 {
+                    for k in 0..4 {
+                        let y = _mm256_loadu_si256(qs.add(128 * half + 32 * k) as *const __m256i);
+                        let p =
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(u[half][k], y), scv[half][k]);
+                        sumi = _mm256_add_epi32(sumi, p);
+                    }
+                }
+                // The stored values are q + 32: subtract 32 · Σ scale · (sum of the group).
+                let mut corr = 0i32;
+                for g in 0..16 {
+                    corr += sc[g] as i32 * *bs.add(g) as i32;
+                }
+                let dy = *d.add(b);
+                acc[r] += dw * dy * (hsum_i32(sumi) - 32 * corr) as f32;
+            }
+        }
+        *out = acc;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::testutil::{random_row, Rng};
+
+    fn check(format: Format, rows: usize, cols: usize, m: usize, seed: u64) {
+        let mut rng = Rng(seed);
+        let data: Vec<u8> = (0..rows)
+            .flat_map(|_| random_row(&mut rng, format, cols))
+            .collect();
+        let x: Vec<f32> = (0..m * cols).map(|_| rng.f32()).collect();
+        let w = WeightView {
+            ggml_type: format.ggml_id(),
+            rows,
+            cols,
+            data: &data,
+        };
+        let reference = matmul_reference(&w, &x, m).expect("reference");
+        // The tolerance allows for the 8-bit activations of the integer formats: half a step
+        // of max|x|/127 per element, summed over the row.
+        let wmax = {
+            let mut row = vec![0f32; cols];
+            let rb = format.row_bytes(cols).expect("row bytes");
+            let mut mx = 0f32;
+            for j in 0..rows {
+                dequantize_row(format, &data[j * rb..(j + 1) * rb], &mut row);
+                mx = row.iter().fold(mx, |a, v| a.max(v.abs()));
+            }
+            mx
+        };
+        let tol = match format {
+            Format::F32 | Format::F16 => 1e-4 * cols as f32 * wmax,
+            _ => wmax * cols as f32 * (0.5 / 127.0) * 0.5 + 1e-3,
+        };
+        for isa in Isa::available() {
+            let got = matmul_with(isa, &w, &x, m).expect("kernel");
+            assert_eq!(got.len(), m * rows);
+            for (k, (g, r)) in got.iter().zip(&reference).enumerate() {
+                assert!(
+                    (g - r).abs() <= tol,
+                    "{} {isa:?} rows {rows} cols {cols} m {m}: [{k}] {g} vs {r} (tol {tol})",
+                    format.name()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_format_matches_the_reference_on_random_shapes() {
+        let mut rng = Rng(42);
+        for format in Format::ALL {
+            let be = format.block_elems().max(8);
+            for case in 0..6 {
+                let blocks = 1 + rng.below(if be == 256 { 3 } else { 24 });
+                // F32/F16 get odd widths (tails); the block formats whole blocks.
+                let cols = if be == 8 {
+                    1 + rng.below(200)
+                } else {
+                    blocks * be
+                };
+                let rows = 1 + rng.below(70);
+                let m = [1, 2, 3, 5, 7, 66][case];
+                check(format, rows, cols, m, 1000 + case as u64);
+            }
+        }
+    }
+
+    #[test]
+    fn simd_and_scalar_integer_sums_agree_exactly_enough() {
+        // Same quantised activations, so the SIMD and scalar micro-kernels differ only in the
+        // order of float additions.
+        let mut rng = Rng(9);
+        for format in [
+            Format::Q8_0,
+            Format::Q4_0,
+            Format::Q4_1,
+            Format::Q5_0,
+            Format::Q4K,
+            Format::Q6K,
+        ] {
+            let cols = 512;
+            let rows = 33;
+            let data: Vec<u8> = (0..rows)
+                .flat_map(|_| random_row(&mut rng, format, cols))
+                .collect();
+            let x: Vec<f32> = (0..3 * cols).map(|_| rng.f32()).collect();
+            let w = WeightView {
+                ggml_type: format.ggml_id(),
+                rows,
+                cols,
+                data: &data,
+            };
+            let s = matmul_with(Isa::Scalar, &w, &x, 3).expect("scalar");
+            for isa in Isa::available() {
+                let v = matmul_with(isa, &w, &x, 3).expect("simd");
+                for (a, b) in s.iter().zip(&v) {
+                    assert!(
+                        (a - b).abs() <= 1e-4 * a.abs().max(1.0),
+                        "{} {isa:?}: {a} vs {b}",
+                        format.name()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_shapes_are_declined_not_panicked() {
+        let data = vec![0u8; 34];
+        // (type, rows, cols, x length, what is wrong)
+        let cases = [
+            (8, 1, 32, 31, "x too short"),
+            (8, 2, 32, 32, "weights too short"),
+            (8, 1, 33, 33, "not whole blocks"),
+            (99, 1, 32, 32, "unknown format"),
+        ];
+        for (ggml_type, rows, cols, xlen, what) in cases {
+            let w = WeightView {
+                ggml_type,
+                rows,
+                cols,
+                data: &data,
+            };
+            assert!(matmul(&w, &vec![0.0; xlen], 1).is_none(), "{what}");
+        }
+        let w = WeightView {
+            ggml_type: 8,
+            rows: 1,
+            cols: 32,
+            data: &data,
+        };
+        assert!(
+            matmul(&w, &[0.0; 32], 1).is_some(),
+            "the well-formed case runs"
+        );
+    }
+}

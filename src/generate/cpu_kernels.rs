@@ -1,0 +1,104 @@
+//! Wires docent's CPU kernels (`kernels/`) into mistral.rs, and sizes the one compute pool.
+//!
+//! mistral.rs calls the hooks in `vendor/mistralrs-quant/src/cpu_hooks.rs` for every GGUF
+//! matmul and every f32 attention on the CPU. They are registered once per process, before
+//! the first model loads (F16 weights are kept as F16 only when they are); `generation.kernels
+//! = "candle"` switches them off at run time, so mistral.rs's and candle's own code runs.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Once;
+
+use mistralrs_quant::cpu_hooks;
+
+static ENABLED: AtomicBool = AtomicBool::new(true);
+static MATMULS: AtomicU64 = AtomicU64::new(0);
+static ATTENTIONS: AtomicU64 = AtomicU64::new(0);
+
+/// Calls docent's kernels answered so far in this process: (matmuls, attentions).
+pub fn calls() -> (u64, u64) {
+    (
+        MATMULS.load(Ordering::Relaxed),
+        ATTENTIONS.load(Ordering::Relaxed),
+    )
+}
+
+/// Registers the hooks (once) and turns them on or off for the models loaded from now on.
+pub fn install(enabled: bool) {
+    static REGISTER: Once = Once::new();
+    ENABLED.store(enabled, Ordering::SeqCst);
+    REGISTER.call_once(|| {
+        cpu_hooks::set_matmul(matmul);
+        cpu_hooks::set_attention(attention);
+        tracing::info!(
+            isa = docent_kernels::cpu::isa().name(),
+            "docent CPU kernels registered"
+        );
+    });
+}
+
+/// Whether docent's kernels run now.
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::SeqCst)
+}
+
+/// Sizes rayon's global pool, which candle's operations and docent's kernels share; the first
+/// call in a process decides (later calls with another size are logged and ignored).
+pub fn init_threads(threads: usize) {
+    let built = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("docent-compute-{i}"))
+        .build_global();
+    match built {
+        Ok(()) => tracing::info!(threads = rayon::current_num_threads(), "compute pool"),
+        Err(_) if threads != 0 && threads != rayon::current_num_threads() => tracing::warn!(
+            wanted = threads,
+            running = rayon::current_num_threads(),
+            "the compute pool was sized earlier in this process; keeping it"
+        ),
+        Err(_) => {}
+    }
+}
+
+fn matmul(w: &cpu_hooks::WeightView<'_>, x: &[f32], m: usize) -> Option<Vec<f32>> {
+    if !enabled() {
+        return None;
+    }
+    let w = docent_kernels::matmul::WeightView {
+        ggml_type: w.ggml_type,
+        rows: w.rows,
+        cols: w.cols,
+        data: w.data,
+    };
+    let out = docent_kernels::matmul::matmul(&w, x, m);
+    if out.is_some() {
+        MATMULS.fetch_add(1, Ordering::Relaxed);
+    }
+    out
+}
+
+fn attention(a: &cpu_hooks::AttentionArgs<'_>) -> Option<Vec<f32>> {
+    if !enabled() {
+        return None;
+    }
+    let out = docent_kernels::attention::attention(&docent_kernels::attention::AttentionArgs {
+        q: a.q,
+        k: a.k,
+        v: a.v,
+        q_strides: a.q_strides,
+        k_strides: a.k_strides,
+        v_strides: a.v_strides,
+        batch: a.batch,
+        q_len: a.q_len,
+        kv_len: a.kv_len,
+        n_heads: a.n_heads,
+        n_kv_heads: a.n_kv_heads,
+        head_dim: a.head_dim,
+        scale: a.scale,
+        softcap: a.softcap,
+        mask: a.mask,
+    });
+    if out.is_some() {
+        ATTENTIONS.fetch_add(1, Ordering::Relaxed);
+    }
+    out
+}
