@@ -10,9 +10,10 @@
 //!   in registers; F32 weights are read as they are.
 //! - The weight rows are split into chunks, one rayon task per chunk (rayon's global pool, so
 //!   the thread count is the one docent configures). Decode (`m = 1`) is a multi-threaded gemv.
-//! - Prefill (`m > 1`) is tiled: a task walks its weight rows against tiles of
-//!   [`ACT_TILE`] activation rows, and each micro-kernel call multiplies one weight row by
-//!   [`R`] activation rows, so a weight block is loaded (and unpacked) once for R rows.
+//! - Prefill (`m > 1`) is tiled: a task owns at most [`WEIGHT_TILE_BYTES`] of weight rows
+//!   (they stay in L1/L2) and walks every activation row past them, [`R`] at a time; each
+//!   micro-kernel call multiplies one weight row by R activation rows, so a weight block is
+//!   loaded (and unpacked) once for R rows.
 //! - The output is written once, without zero-filling it first.
 //!
 //! Every format has a plain scalar micro-kernel computing the same integer sums; the AVX2
@@ -37,8 +38,9 @@ pub struct WeightView<'a> {
 
 /// Activation rows per micro-kernel call in prefill.
 pub const R: usize = 4;
-/// Activation rows per tile in prefill (kept in L1/L2 while a task walks its weight rows).
-pub const ACT_TILE: usize = 64;
+/// Bytes of weights one prefill task keeps hot (its rows are re-read for every R activation
+/// rows).
+pub const WEIGHT_TILE_BYTES: usize = 32 * 1024;
 
 /// `x · Wᵀ` with the run-time instruction set. `None` when the format is not implemented or
 /// the shapes do not fit (the caller then falls back to its own code).
@@ -159,33 +161,34 @@ pub fn matmul_with(isa: Isa, w: &WeightView<'_>, x: &[f32], m: usize) -> Option<
         let mut out: Vec<f32> = Vec::with_capacity(m * rows);
         let out_ptr = Out(out.as_mut_ptr());
         let threads = rayon::current_num_threads().max(1);
-        // Enough chunks to balance the threads, few enough that each is worth a task.
+        // Enough chunks to balance the threads, few enough that each is worth a task; in
+        // prefill a chunk's weights stay in L1/L2 while every activation row passes by.
         let per_task = if m == 1 {
             rows.div_ceil(threads * 4).max(16)
         } else {
-            rows.div_ceil(threads * 8).max(4)
+            rows.div_ceil(threads * 8)
+                .min((WEIGHT_TILE_BYTES / rb).max(4))
+                .max(4)
         };
         let run = |chunk: usize| {
             let j0 = chunk * per_task;
             let j1 = (j0 + per_task).min(rows);
-            for i0 in (0..m).step_by(ACT_TILE) {
-                let i1 = (i0 + ACT_TILE).min(m);
+            let mut i = 0;
+            while i < m {
+                let n = (m - i).min(R);
+                // Built once per R activation rows, reused for every weight row of the chunk.
+                let acts: [Act<'_>; R] = std::array::from_fn(|r| act(i + r.min(n - 1)));
                 for j in j0..j1 {
                     let wrow = &w.data[j * rb..(j + 1) * rb];
-                    let mut i = i0;
-                    while i < i1 {
-                        let n = (i1 - i).min(R);
-                        let mut res = [0f32; R];
-                        let acts: [Act<'_>; R] = std::array::from_fn(|r| act(i + r.min(n - 1)));
-                        dot_rows(isa, format, wrow, cols, &acts, n, &mut res);
-                        for (r, v) in res.iter().enumerate().take(n) {
-                            // SAFETY: (i + r) < m and j < rows, so the index is inside the
-                            // m × rows buffer; no other task writes column j.
-                            unsafe { *out_ptr.at((i + r) * rows + j) = *v };
-                        }
-                        i += n;
+                    let mut res = [0f32; R];
+                    dot_rows(isa, format, wrow, cols, &acts, n, &mut res);
+                    for (r, v) in res.iter().enumerate().take(n) {
+                        // SAFETY: (i + r) < m and j < rows, so the index is inside the
+                        // m × rows buffer; no other task writes column j.
+                        unsafe { *out_ptr.at((i + r) * rows + j) = *v };
                     }
                 }
+                i += n;
             }
         };
         let chunks = rows.div_ceil(per_task);
@@ -211,6 +214,21 @@ fn dot_rows(
     n: usize,
     out: &mut [f32; R],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx512 && avx512::handles(format, cols) {
+        // SAFETY: the caller capped `isa` at what the processor supports, so AVX-512 F/BW/VL
+        // (and AVX2/FMA/F16C) are present; the slices were checked to hold `cols` elements.
+        unsafe {
+            if n == 1 {
+                let mut one = [0f32; 1];
+                avx512::dot_rows(format, w, cols, &[acts[0]], &mut one);
+                out[0] = one[0];
+            } else {
+                avx512::dot_rows(format, w, cols, acts, out);
+            }
+        }
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
         // SAFETY: the caller capped `isa` at what the processor supports, so AVX2, FMA and
@@ -726,6 +744,297 @@ mod avx2 {
             }
         }
         *out = acc;
+    }
+}
+
+/// AVX-512 kernels: two 32-element blocks per 512-bit register for the 32-element formats
+/// (with VNNI's `vpdpbusd` where the processor has it), 16 lanes for F32/F16. The K formats
+/// stay on the AVX2 kernels.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)] // lanes and rows indexed side by side
+mod avx512 {
+    use std::arch::x86_64::*;
+    use std::sync::OnceLock;
+
+    use super::{Act, Format};
+
+    /// Whether these kernels take `format` at this width (an even number of 32-blocks).
+    pub(super) fn handles(format: Format, cols: usize) -> bool {
+        match format {
+            Format::F32 | Format::F16 => true,
+            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0 => cols % 64 == 0,
+            Format::Q4K | Format::Q6K => false,
+        }
+    }
+
+    fn vnni() -> bool {
+        static VNNI: OnceLock<bool> = OnceLock::new();
+        *VNNI.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512vnni")
+                && std::env::var("DOCENT_KERNELS_ISA").ok().as_deref() != Some("avx512-novnni")
+        })
+    }
+
+    /// # Safety
+    /// AVX-512 F/BW/VL, AVX2, FMA and F16C must be present; `w` and the activations must hold
+    /// `cols` elements.
+    pub(super) unsafe fn dot_rows<const R: usize>(
+        format: Format,
+        w: &[u8],
+        cols: usize,
+        acts: &[Act<'_>; R],
+        out: &mut [f32; R],
+    ) {
+        match format {
+            Format::F32 | Format::F16 => dot_float(format == Format::F16, w, cols, acts, out),
+            _ if vnni() => dot_q32_vnni(format, w, cols, acts, out),
+            _ => dot_q32_bw(format, w, cols, acts, out),
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn dot_float<const R: usize>(
+        f16: bool,
+        w: &[u8],
+        cols: usize,
+        acts: &[Act<'_>; R],
+        out: &mut [f32; R],
+    ) {
+        let x: [*const f32; R] = std::array::from_fn(|r| match acts[r] {
+            Act::F32(x) => x.as_ptr(),
+            _ => unreachable!("float weights get float activations"),
+        });
+        let wp = w.as_ptr();
+        let load_w = |i: usize| -> __m512 {
+            if f16 {
+                _mm512_cvtph_ps(_mm256_loadu_si256(wp.add(2 * i) as *const __m256i))
+            } else {
+                _mm512_loadu_ps(wp.add(4 * i) as *const f32)
+            }
+        };
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        let mut i = 0;
+        while i + 32 <= cols {
+            let w0 = load_w(i);
+            let w1 = load_w(i + 16);
+            for r in 0..R {
+                acc[r][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[r].add(i)), acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[r].add(i + 16)), acc[r][1]);
+            }
+            i += 32;
+        }
+        if i < cols {
+            // The tail, up to 31 elements, through masked loads (16 at a time).
+            while i < cols {
+                let k = (cols - i).min(16);
+                let mask: __mmask16 = ((1u32 << k) - 1) as __mmask16;
+                let wv = if f16 {
+                    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, wp.add(2 * i) as *const i16))
+                } else {
+                    _mm512_maskz_loadu_ps(mask, wp.add(4 * i) as *const f32)
+                };
+                for r in 0..R {
+                    let xv = _mm512_maskz_loadu_ps(mask, x[r].add(i));
+                    acc[r][0] = _mm512_fmadd_ps(wv, xv, acc[r][0]);
+                }
+                i += k;
+            }
+        }
+        for r in 0..R {
+            out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn dot_q32_vnni<const R: usize>(
+        format: Format,
+        w: &[u8],
+        cols: usize,
+        acts: &[Act<'_>; R],
+        out: &mut [f32; R],
+    ) {
+        dot_q32::<R, true>(format, w, cols, acts, out)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn dot_q32_bw<const R: usize>(
+        format: Format,
+        w: &[u8],
+        cols: usize,
+        acts: &[Act<'_>; R],
+        out: &mut [f32; R],
+    ) {
+        dot_q32::<R, false>(format, w, cols, acts, out)
+    }
+
+    /// Σ u·s over byte quadruples → 16 × i32 (`u` unsigned, `s` signed).
+    #[inline(always)]
+    unsafe fn dot_us<const VNNI: bool>(u: __m512i, s: __m512i) -> __m512i {
+        if VNNI {
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s)
+        } else {
+            _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn f16(p: *const u8) -> f32 {
+        let bits = (p as *const u16).read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    }
+
+    /// 16 bytes of nibbles → 32 bytes: low nibbles first, then high nibbles.
+    #[inline(always)]
+    unsafe fn nibbles(p: *const u8) -> __m256i {
+        let t = _mm_loadu_si128(p as *const __m128i);
+        let b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+        _mm256_and_si256(b, _mm256_set1_epi8(0x0F))
+    }
+
+    /// The 32 bytes of one block as unsigned values (Q4_0/Q4_1/Q5_0) or signed ones (Q8_0).
+    #[inline(always)]
+    unsafe fn block_bytes(format: Format, blk: *const u8) -> __m256i {
+        match format {
+            Format::Q8_0 => _mm256_loadu_si256(blk.add(2) as *const __m256i),
+            Format::Q4_0 => nibbles(blk.add(2)),
+            Format::Q4_1 => nibbles(blk.add(4)),
+            _ => {
+                let qh = (blk.add(2) as *const u32).read_unaligned();
+                let hb = _mm256_maskz_set1_epi8(qh, 0x10);
+                _mm256_or_si256(nibbles(blk.add(6)), hb)
+            }
+        }
+    }
+
+    /// The constant a block adds per unit of activation sum: d·q + k·Σy (Q8_0 has none).
+    #[inline(always)]
+    unsafe fn offset(format: Format, blk: *const u8, dw: f32) -> f32 {
+        match format {
+            Format::Q4_0 => -8.0 * dw,
+            Format::Q4_1 => f16(blk.add(2)),
+            Format::Q5_0 => -16.0 * dw,
+            _ => 0.0,
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn dot_q32<const R: usize, const VNNI: bool>(
+        format: Format,
+        w: &[u8],
+        cols: usize,
+        acts: &[Act<'_>; R],
+        out: &mut [f32; R],
+    ) {
+        let mut qs = [std::ptr::null::<i8>(); R];
+        let mut ds = [std::ptr::null::<f32>(); R];
+        let mut ss = [std::ptr::null::<f32>(); R];
+        for r in 0..R {
+            match acts[r] {
+                Act::Q8 { qs: q, d, s } => {
+                    qs[r] = q.as_ptr();
+                    ds[r] = d.as_ptr();
+                    ss[r] = s.as_ptr();
+                }
+                _ => unreachable!("32-element formats get 8-bit activations"),
+            }
+        }
+        let bb = format.block_bytes();
+        let nb = cols / 32;
+        let signed = format == Format::Q8_0;
+        // Lanes 0..8 of a product belong to the first block of a pair, 8..16 to the second.
+        let pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut off = [_mm_setzero_ps(); R];
+        let wp = w.as_ptr();
+        let mut b = 0;
+        while b + 2 <= nb {
+            let b0 = wp.add(b * bb);
+            let b1 = wp.add((b + 1) * bb);
+            let (d0, d1) = (f16(b0), f16(b1));
+            let q = _mm512_inserti64x4(
+                _mm512_castsi256_si512(block_bytes(format, b0)),
+                block_bytes(format, b1),
+                1,
+            );
+            let (u, neg) = if signed {
+                (_mm512_abs_epi8(q), _mm512_movepi8_mask(q))
+            } else {
+                (q, 0)
+            };
+            let dw = _mm_setr_ps(d0, d1, 0.0, 0.0);
+            let kw = _mm_setr_ps(offset(format, b0, d0), offset(format, b1, d1), 0.0, 0.0);
+            for r in 0..R {
+                let mut y = _mm512_loadu_si512(qs[r].add(32 * b) as *const _);
+                if signed {
+                    y = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
+                }
+                let p = _mm512_cvtepi32_ps(dot_us::<VNNI>(u, y));
+                let dy = _mm_castpd_ps(_mm_load_sd(ds[r].add(b) as *const f64));
+                let scale = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(_mm_mul_ps(dw, dy)));
+                acc[r] = _mm512_fmadd_ps(p, scale, acc[r]);
+                if !signed {
+                    let sy = _mm_castpd_ps(_mm_load_sd(ss[r].add(b) as *const f64));
+                    off[r] = _mm_fmadd_ps(kw, sy, off[r]);
+                }
+            }
+            b += 2;
+        }
+        for r in 0..R {
+            let o = _mm_add_ss(off[r], _mm_movehdup_ps(off[r]));
+            out[r] = _mm512_reduce_add_ps(acc[r]) + _mm_cvtss_f32(o);
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::super::{scalar, Act};
+        use super::*;
+        use crate::quant::testutil::{random_row, Rng};
+        use crate::quant::Q8Rows;
+
+        /// Both 512-bit variants (VNNI and plain AVX-512 BW), whichever the processor has,
+        /// against the scalar micro-kernel on the same 8-bit activations.
+        #[test]
+        fn vnni_and_bw_variants_match_the_scalar_kernel() {
+            if crate::cpu::detect() < crate::Isa::Avx512 {
+                return;
+            }
+            let mut rng = Rng(77);
+            for format in [Format::Q8_0, Format::Q4_0, Format::Q4_1, Format::Q5_0] {
+                let cols = 64 * (1 + rng.below(12));
+                let w = random_row(&mut rng, format, cols);
+                let x: Vec<f32> = (0..4 * cols).map(|_| rng.f32()).collect();
+                let mut q = Q8Rows::default();
+                q.quantize(crate::Isa::Scalar, &x, 4, cols);
+                let nb = cols / 32;
+                let acts: [Act<'_>; 4] = std::array::from_fn(|r| Act::Q8 {
+                    qs: &q.qs[r * cols..(r + 1) * cols],
+                    d: &q.d[r * nb..(r + 1) * nb],
+                    s: &q.s[r * nb..(r + 1) * nb],
+                });
+                let mut bw = [0f32; 4];
+                // SAFETY: AVX-512 F/BW/VL were detected above.
+                unsafe { dot_q32_bw(format, &w, cols, &acts, &mut bw) };
+                let mut variants = vec![("bw", bw)];
+                if std::arch::is_x86_feature_detected!("avx512vnni") {
+                    let mut v = [0f32; 4];
+                    // SAFETY: AVX-512 VNNI was detected too.
+                    unsafe { dot_q32_vnni(format, &w, cols, &acts, &mut v) };
+                    variants.push(("vnni", v));
+                }
+                for r in 0..4 {
+                    let want = scalar::dot(format, &w, cols, acts[r]);
+                    for (name, got) in &variants {
+                        assert!(
+                            (got[r] - want).abs() <= 1e-4 * want.abs().max(1.0),
+                            "{} {name}: {} vs {want}",
+                            format.name(),
+                            got[r]
+                        );
+                    }
+                }
+            }
+        }
     }
 }
 
