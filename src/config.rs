@@ -160,6 +160,14 @@ fn default_cache_size() -> usize {
     256
 }
 
+fn yes() -> bool {
+    true
+}
+
+fn default_prefix_cache_mib() -> usize {
+    128
+}
+
 fn default_kernels() -> String {
     "docent".into()
 }
@@ -214,10 +222,15 @@ pub struct GenerationConfig {
     /// Tokens of context (prompt and answer) to use; 0 = the model's own length.
     #[serde(default)]
     pub context_tokens: usize,
-    /// mistral.rs's prefix cache (reuses the KV of a shared prompt prefix). Off by default:
-    /// on CPU it never evicts, so memory grows with every distinct prompt.
-    #[serde(default)]
+    /// The prefix cache: the KV data of finished prompts, reused by later prompts that start
+    /// the same way (a shared system prompt is computed once). Bounded by
+    /// `prefix_cache_mib`, least recently used entries evicted first.
+    #[serde(default = "yes")]
     pub prefix_cache: bool,
+    /// The most KV data the prefix cache keeps, in MiB (0: no limit, mistral.rs's own
+    /// behaviour, under which memory grows with every distinct prompt).
+    #[serde(default = "default_prefix_cache_mib")]
+    pub prefix_cache_mib: usize,
     /// Compute threads for generation (rayon's global pool: docent's kernels and candle's
     /// own operations share it); 0 = one per core.
     #[serde(default)]
@@ -311,7 +324,8 @@ impl Default for Config {
                 repetition_penalty: 1.0,
                 max_num_seqs: 8,
                 context_tokens: 0,
-                prefix_cache: false,
+                prefix_cache: true,
+                prefix_cache_mib: default_prefix_cache_mib(),
                 threads: 0,
                 kernels: default_kernels(),
                 max_queue: default_max_queue(),

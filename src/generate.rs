@@ -416,6 +416,7 @@ impl Generator {
         };
         cpu_kernels::init_threads(config.threads);
         cpu_kernels::install(config.kernels == "docent");
+        mistralrs::core::set_prefix_cache_limit_bytes(config.prefix_cache_mib << 20);
         let force_cpu = config.device == "cpu";
         let dtype = dtype(&config.dtype);
         let max_num_seqs = NonZeroUsize::new(config.max_num_seqs).unwrap_or(NonZeroUsize::MIN);
@@ -483,8 +484,10 @@ impl Generator {
             false,
             None,
         )
-        // on CPU mistral.rs never evicts its prefix cache: off unless asked for
-        .with_no_prefix_cache(!config.prefix_cache)
+        // bounded in bytes by the patched prefix cacher (generation.prefix_cache_mib); off with
+        // a draft model: mistral.rs's prefix cache keeps the target's KV only, and speculative
+        // steps after a prefix hit then diverge from plain greedy decoding (seen in tests)
+        .with_no_prefix_cache(!config.prefix_cache || config.draft.is_some())
         .build()
         .await;
         let model = Model::new(runner);

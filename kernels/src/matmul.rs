@@ -124,9 +124,12 @@ pub fn matmul_with(isa: Isa, w: &WeightView<'_>, x: &[f32], m: usize) -> Option<
     let (rows, cols) = (w.rows, w.cols);
     let x = &x[..m * cols];
 
-    SCRATCH.with(|scratch| {
-        let mut scratch = scratch.borrow_mut();
-        let scratch = &mut *scratch;
+    // The buffers are taken out of the thread-local for the call: while this thread waits in
+    // the parallel section below, rayon may run another matmul on it (work stealing), which
+    // then finds the slot empty and uses buffers of its own.
+    let mut taken = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    let out = {
+        let scratch = &mut taken;
         match format {
             Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q8_0 => {
                 scratch.q8.quantize(isa, x, m, cols)
@@ -199,8 +202,10 @@ pub fn matmul_with(isa: Isa, w: &WeightView<'_>, x: &[f32], m: usize) -> Option<
         }
         // SAFETY: every element of the m × rows buffer was written above.
         unsafe { out.set_len(m * rows) };
-        Some(out)
-    })
+        out
+    };
+    SCRATCH.with(|s| *s.borrow_mut() = taken);
+    Some(out)
 }
 
 /// One weight row against `n` (≤ R) activation rows; `acts[n..]` repeat the last row.

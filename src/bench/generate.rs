@@ -98,11 +98,13 @@ pub struct ConcurrencyRow {
     pub latency_max_ms: f64,
 }
 
-/// Resident memory after distinct prompts, with the prefix cache off (docent's setting)
-/// and on (mistral.rs's default, as a control).
+/// Resident memory after distinct prompts: prefix cache off, on with docent's bound (the
+/// default), and on without a bound (mistral.rs's own behaviour, as a control).
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryRow {
     pub prefix_cache: bool,
+    /// The prefix cache's bound (0: none).
+    pub limit_mib: usize,
     pub queries: usize,
     pub rss_after_10_mib: f64,
     pub rss_after_all_mib: f64,
@@ -415,16 +417,21 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
     }
 
     if let (Some(model), true) = (opts.models.first(), opts.memory_queries > 10) {
-        for prefix_cache in [false, true] {
-            // the control only needs to show the growth
-            let n = if prefix_cache {
+        let bounded = crate::config::Config::default().generation.prefix_cache_mib;
+        // off; docent's bounded cache; mistral.rs's unbounded one (the control only needs to
+        // show the growth)
+        for (prefix_cache, limit_mib) in [(false, 0), (true, bounded), (true, 0)] {
+            let n = if prefix_cache && limit_mib == 0 {
                 opts.memory_queries.min(200)
             } else {
                 opts.memory_queries
             };
-            eprintln!("bench generate: memory over {n} prompts, prefix cache {prefix_cache}");
+            eprintln!(
+                "bench generate: memory over {n} prompts, prefix cache {prefix_cache}, limit {limit_mib} MiB"
+            );
             let mut c = config(model, opts);
             c.prefix_cache = prefix_cache;
+            c.prefix_cache_mib = limit_mib;
             let generator = Generator::load(&c).await?;
             let ids = generator.encode(&text);
             let mut after_10 = 0.0;
@@ -442,6 +449,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
             let after = rss_mib();
             report.memory.push(MemoryRow {
                 prefix_cache,
+                limit_mib,
                 queries: n,
                 rss_after_10_mib: after_10,
                 rss_after_all_mib: after,
@@ -452,7 +460,6 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
     Ok(report)
 }
 
-/// Resident set size of this process, MiB (Linux).
 /// The processor's model name (first `model name` line of /proc/cpuinfo).
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
@@ -466,6 +473,7 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// Resident set size of this process, MiB (Linux).
 fn rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/statm")
         .ok()
@@ -641,8 +649,12 @@ impl fmt::Display for GenerateBench {
         for m in &self.memory {
             writeln!(
                 f,
-                "memory: prefix cache {:<3}: RSS after 10 prompts {:.0} MiB, after {} {:.0} MiB ({:+.1} %; limit +10 %)",
-                if m.prefix_cache { "on" } else { "off" },
+                "memory: prefix cache {:<18}: RSS after 10 prompts {:.0} MiB, after {} {:.0} MiB ({:+.1} %; limit +10 %)",
+                match (m.prefix_cache, m.limit_mib) {
+                    (false, _) => "off".to_string(),
+                    (true, 0) => "on, unbounded".to_string(),
+                    (true, l) => format!("on, {l} MiB bound"),
+                },
                 m.rss_after_10_mib,
                 m.queries,
                 m.rss_after_all_mib,

@@ -165,3 +165,32 @@ async fn safetensors_isq_and_uqff_sources_agree() {
         Ok(_) => panic!("a missing model loaded"),
     }
 }
+
+/// The bounded prefix cache changes nothing but speed: prompts that share a prefix with
+/// earlier ones (reused from the cache, then extended) give the same greedy tokens as an
+/// engine without the cache; with a tiny bound, entries are evicted and it still agrees.
+#[tokio::test]
+async fn prefix_cache_reuse_gives_the_same_tokens() {
+    let dir = shared().join("models/stories260K");
+    let mut c = Config::default().generation;
+    c.model = dir.join("stories260K.gguf");
+    c.prefix_cache = false;
+    let plain = Generator::load(&c).await.expect("load without the cache");
+    c.prefix_cache = true;
+    let cached = Generator::load(&c).await.expect("load with the cache");
+    // a shared 40-token prefix (a "system prompt"), then a different word each time
+    let shared_prefix: Vec<u32> = std::iter::once(1).chain((0..39).map(|i| 300 + i)).collect();
+    for first in 0..8u32 {
+        let mut prompt = shared_prefix.clone();
+        prompt.extend([350 + 5 * first, 400 + first]);
+        let want = plain.complete_tokens(prompt.clone(), 32).await.unwrap();
+        let got = cached.complete_tokens(prompt.clone(), 32).await.unwrap();
+        assert_eq!(
+            got.token_ids, want.token_ids,
+            "prompt {first}: cache changed the output"
+        );
+        // the same prompt again: reused from the cache in full
+        let again = cached.complete_tokens(prompt, 32).await.unwrap();
+        assert_eq!(again.token_ids, want.token_ids, "prompt {first}, repeated");
+    }
+}

@@ -69,6 +69,8 @@ mod models;
 mod paged_attention;
 mod pipeline;
 mod prefix_cacher;
+/// docent: a byte limit for the prefix cache (vendor/PATCHES.md).
+pub use prefix_cacher::set_prefix_cache_limit_bytes;
 pub mod reasoning_parsers;
 mod request;
 mod response;

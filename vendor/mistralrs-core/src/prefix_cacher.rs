@@ -11,6 +11,33 @@ use crate::{
 #[derive(PartialEq, Eq, Debug, Hash)]
 struct Tokens(Vec<u32>);
 
+/// docent: the most bytes of KV data the (non-paged) prefix cache keeps; 0 = no limit (the
+/// crate's own behaviour, which on the CPU never evicts). Least recently used entries go first.
+static PREFIX_CACHE_LIMIT_BYTES: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+/// docent: bounds the prefix cache of every engine in the process (see above).
+pub fn set_prefix_cache_limit_bytes(bytes: usize) {
+    PREFIX_CACHE_LIMIT_BYTES.store(bytes, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Bytes of KV data an entry holds.
+fn element_bytes(e: &CacheElement) -> usize {
+    let tensor_bytes = |t: &Option<candle_core::Tensor>| {
+        t.as_ref()
+            .map_or(0, |t| t.elem_count() * t.dtype().size_in_bytes())
+    };
+    e.cache
+        .iter()
+        .flatten()
+        .map(|c| match c {
+            KvCache::Normal { k, v } => tensor_bytes(&k.all_data) + tensor_bytes(&v.all_data),
+            KvCache::Rotating { k, v } => tensor_bytes(&k.all_data) + tensor_bytes(&v.all_data),
+            KvCache::Shared { .. } => 0,
+        })
+        .sum()
+}
+
 impl Tokens {
     /// Returns the length of the common prefix shared with `other`.
     fn shared_prefix_len(&self, other: &Self) -> usize {
@@ -111,8 +138,11 @@ impl PrefixCacheManagerV2 {
                 return;
             };
 
+            let key: Tokens = seq.get_toks().to_vec().into();
+            // docent: a re-added key becomes the most recently used.
+            self.caches.shift_remove(&key);
             self.caches.insert(
-                seq.get_toks().to_vec().into(),
+                key,
                 CacheElement {
                     cache,
                     recurrent_snapshots,
@@ -121,6 +151,16 @@ impl PrefixCacheManagerV2 {
                     video_hashes: seq.video_hashes().map(|x| x.to_vec()),
                 },
             );
+            // docent: evict the least recently used entries beyond the byte limit.
+            let limit = PREFIX_CACHE_LIMIT_BYTES.load(std::sync::atomic::Ordering::Relaxed);
+            if limit > 0 {
+                let mut total: usize = self.caches.values().map(element_bytes).sum();
+                while total > limit && !self.caches.is_empty() {
+                    if let Some((_, e)) = self.caches.shift_remove_index(0) {
+                        total = total.saturating_sub(element_bytes(&e));
+                    }
+                }
+            }
         }
     }
 
@@ -260,7 +300,8 @@ impl PrefixCacheManagerV2 {
         let toks = Tokens(toks.to_vec());
 
         let mut best_match: Option<(usize, &CacheElement, usize, usize, usize)> = None;
-        for (k, v) in &self.caches {
+        let mut best_index = 0;
+        for (index, (k, v)) in self.caches.iter().enumerate() {
             let match_len = toks.shared_prefix_len(k);
             if match_len == 0 {
                 continue;
@@ -337,6 +378,7 @@ impl PrefixCacheManagerV2 {
                 .as_ref()
                 .is_none_or(|(len, _, _, _, _)| match_len > *len)
             {
+                best_index = index;
                 best_match = Some((
                     match_len,
                     v,
@@ -367,6 +409,9 @@ impl PrefixCacheManagerV2 {
                 .iter()
                 .map(|c| c.as_ref().map(|c| c.deep_copy()).transpose())
                 .collect::<Result<Vec<_>>>()?;
+            // docent: a hit makes the entry the most recently used.
+            let last = self.caches.len() - 1;
+            self.caches.move_index(best_index, last);
             // Count how many input images are not already cached
             let images_to_keep = if let Some(input_hashes) = image_hashes {
                 input_hashes.len().saturating_sub(images_match_until)

@@ -138,8 +138,20 @@ impl KvCache {
         let mut out = self.clone();
         match &mut out {
             Self::Normal { k, v } => {
-                k.all_data = k.all_data.as_ref().map(|t| t.copy()).transpose()?;
-                v.all_data = v.all_data.as_ref().map(|t| t.copy()).transpose()?;
+                // Only the filled part is copied; the copy grows when appended to.
+                for c in [k, v] {
+                    if let Some(t) = &c.all_data {
+                        let len = c.current_seq_len.min(t.dim(c.dim)?);
+                        let filled = t.narrow(c.dim, 0, len)?;
+                        // contiguous() of a contiguous view would share the storage.
+                        c.all_data = Some(if filled.is_contiguous() {
+                            filled.copy()?
+                        } else {
+                            filled.contiguous()?
+                        });
+                        c.capacity_seq_len = len;
+                    }
+                }
             }
             Self::Rotating { k, v } => {
                 k.all_data = k.all_data.as_ref().map(|t| t.copy()).transpose()?;
