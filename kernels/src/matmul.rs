@@ -767,7 +767,7 @@ mod avx512 {
     pub(super) fn handles(format: Format, cols: usize) -> bool {
         match format {
             Format::F32 | Format::F16 => true,
-            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0 => cols % 64 == 0,
+            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0 => cols.is_multiple_of(64),
             Format::Q4K | Format::Q6K => false,
         }
     }
