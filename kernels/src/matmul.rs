@@ -37,7 +37,9 @@ pub struct WeightView<'a> {
 }
 
 /// Activation rows per micro-kernel call in prefill.
-pub const R: usize = 4;
+pub const R: usize = 8;
+/// Activation rows per AVX2 micro-kernel call (16 vector registers; AVX-512 takes all [`R`]).
+const R_AVX2: usize = 4;
 /// Bytes of weights one prefill task keeps hot (its rows are re-read for every R activation
 /// rows).
 pub const WEIGHT_TILE_BYTES: usize = 32 * 1024;
@@ -245,7 +247,14 @@ fn dot_rows(
                 avx2::dot_rows(isa, format, w, cols, &[acts[0]], &mut one);
                 out[0] = one[0];
             } else {
-                avx2::dot_rows(isa, format, w, cols, acts, out);
+                for h in 0..n.div_ceil(R_AVX2) {
+                    let part: &[Act<'_>; R_AVX2] = acts[h * R_AVX2..(h + 1) * R_AVX2]
+                        .try_into()
+                        .expect("R is a multiple of R_AVX2");
+                    let mut res = [0f32; R_AVX2];
+                    avx2::dot_rows(isa, format, w, cols, part, &mut res);
+                    out[h * R_AVX2..(h + 1) * R_AVX2].copy_from_slice(&res);
+                }
             }
         }
         return;
@@ -256,8 +265,8 @@ fn dot_rows(
     }
 }
 
-/// Quantises one block (32 or 256 values) of activations; returns its scale.
-pub(crate) fn quantize_block(isa: Isa, x: &[f32], q: &mut [i8]) -> f32 {
+/// Quantises one block (32 or 256 values) of activations; returns its scale and Σq.
+pub(crate) fn quantize_block(isa: Isa, x: &[f32], q: &mut [i8]) -> (f32, i32) {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 && x.len().is_multiple_of(32) && q.len() == x.len() {
         // SAFETY: AVX2 is present (isa was capped by the caller); lengths checked above.
@@ -437,7 +446,7 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
+    pub(super) unsafe fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
         let n = x.len();
         let sign = _mm256_set1_ps(-0.0);
         let mut amax = _mm256_setzero_ps();
@@ -455,6 +464,7 @@ mod avx2 {
         let id = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
         let lim = _mm256_set1_epi32(127);
         let nlim = _mm256_set1_epi32(-127);
+        let mut sum = _mm256_setzero_si256();
         for c in (0..n).step_by(32) {
             let mut v = [_mm256_setzero_si256(); 4];
             for (k, v) in v.iter_mut().enumerate() {
@@ -462,6 +472,7 @@ mod avx2 {
                 // Round to nearest, ties to even (the MXCSR default), as the scalar reference.
                 let r = _mm256_cvtps_epi32(f);
                 *v = _mm256_max_epi32(_mm256_min_epi32(r, lim), nlim);
+                sum = _mm256_add_epi32(sum, *v);
             }
             let a = _mm256_packs_epi32(v[0], v[1]);
             let b = _mm256_packs_epi32(v[2], v[3]);
@@ -470,7 +481,7 @@ mod avx2 {
             let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
             _mm256_storeu_si256(q.as_mut_ptr().add(c) as *mut __m256i, p);
         }
-        d
+        (d, hsum_i32(sum))
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]

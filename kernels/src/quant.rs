@@ -253,17 +253,20 @@ pub struct Q8KRows {
     pub bsums: Vec<i16>,
 }
 
-/// Quantises one block of `x` (any length) to `q`, returning the scale: `d = max|x| / 127`,
-/// `q = round(x / d)`. The scalar reference; the SIMD version rounds the same way (ties to even).
+/// Quantises one block of `x` (any length) to `q`: `d = max|x| / 127`, `q = round(x / d)`;
+/// returns `d` and `Σq`. The scalar reference; the SIMD version rounds the same way (ties to
+/// even).
 #[inline]
-pub fn quantize_block_scalar(x: &[f32], q: &mut [i8]) -> f32 {
+pub fn quantize_block_scalar(x: &[f32], q: &mut [i8]) -> (f32, i32) {
     let amax = x.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
     let d = amax / 127.0;
     let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let mut sum = 0i32;
     for (q, &v) in q.iter_mut().zip(x) {
         *q = (v * id).round_ties_even().clamp(-127.0, 127.0) as i8;
+        sum += *q as i32;
     }
-    d
+    (d, sum)
 }
 
 impl Q8Rows {
@@ -281,8 +284,9 @@ impl Q8Rows {
             .zip(self.d.iter_mut())
             .zip(self.s.iter_mut())
         {
-            *d = crate::matmul::quantize_block(isa, xb, qb);
-            *s = *d * qb.iter().map(|&q| q as i32).sum::<i32>() as f32;
+            let (scale, sum) = crate::matmul::quantize_block(isa, xb, qb);
+            *d = scale;
+            *s = scale * sum as f32;
         }
     }
 }
@@ -302,7 +306,7 @@ impl Q8KRows {
             .zip(self.d.iter_mut())
             .zip(self.bsums.chunks_exact_mut(16))
         {
-            *d = crate::matmul::quantize_block(isa, xb, qb);
+            *d = crate::matmul::quantize_block(isa, xb, qb).0;
             for (b, q) in bs.iter_mut().zip(qb.chunks_exact(16)) {
                 *b = q.iter().map(|&v| v as i16).sum();
             }
