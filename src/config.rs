@@ -310,7 +310,7 @@ impl Default for Config {
                 neighbors: 0,
             },
             generation: GenerationConfig {
-                model: "models/smollm2/SmolLM2-135M-Instruct.F32.gguf".into(),
+                model: "models/smollm2/SmolLM2-135M-Instruct.Q8_0.gguf".into(),
                 isq: None,
                 uqff: None,
                 draft: None,

@@ -588,9 +588,15 @@ async fn a_full_queue_answers_429_with_retry_after() {
     let url = format!("{address}/v1/query");
     let body = json!({"question": "What is ownership in Rust?",
                       "generation": {"max_tokens": 64}});
-    let first = tokio::spawn(c.post(&url).json(&body).send());
-    // the first answer is generating (64 tokens take seconds here)
-    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    // The first answer is streamed: its first event says it holds the one slot, and it keeps
+    // the slot until the stream ends (generation is too fast here to rely on a sleep).
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["generation"]["max_tokens"] = json!(512);
+    streamed["question"] = json!("Explain ownership in Rust in detail, with examples.");
+    let mut first = c.post(&url).json(&streamed).send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    first.chunk().await.unwrap().expect("the first event");
     let second = c.post(&url).json(&body).send().await.unwrap();
     assert_eq!(second.status(), 429);
     let retry: u64 = second.headers()["retry-after"]
@@ -601,8 +607,16 @@ async fn a_full_queue_answers_429_with_retry_after() {
     assert!(retry >= 1);
     let error: Value = second.json().await.unwrap();
     assert_eq!(error["error"]["code"], "busy", "{error}");
-    let first = first.await.unwrap().unwrap();
-    assert_eq!(first.status(), 200);
+    // the streamed answer is not disturbed: it runs to its done event
+    let mut rest = Vec::new();
+    while let Some(bytes) = first.chunk().await.unwrap() {
+        rest.extend_from_slice(&bytes);
+    }
+    assert!(
+        String::from_utf8_lossy(&rest).contains("event: done"),
+        "{}",
+        String::from_utf8_lossy(&rest)
+    );
     // with the slot free again, the next request is served
     let third = c.post(&url).json(&body).send().await.unwrap();
     assert_eq!(third.status(), 200);

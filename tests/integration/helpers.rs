@@ -38,7 +38,7 @@ pub fn config(data_dir: &Path) -> Config {
     };
     c.embedding.model_dir = m.join("all-MiniLM-L6-v2");
     c.embedding.ort_library = m.join("onnxruntime/libonnxruntime.so");
-    c.generation.model = m.join("smollm2/SmolLM2-135M-Instruct.F32.gguf");
+    c.generation.model = m.join("smollm2/SmolLM2-135M-Instruct.Q8_0.gguf");
     c.prompts.dir = repo().join("prompts");
     c.server.bind = "127.0.0.1:0".into();
     // short prompts keep CPU prefill time down in tests
