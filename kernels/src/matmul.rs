@@ -95,6 +95,8 @@ enum Act<'a> {
         qs: &'a [i8],
         d: &'a [f32],
         s: &'a [f32],
+        /// `d` eight times per block (filled for AVX-512 only; empty otherwise).
+        d8: &'a [f32],
     },
     Q8K {
         qs: &'a [i8],
@@ -149,6 +151,7 @@ pub fn matmul_with(isa: Isa, w: &WeightView<'_>, x: &[f32], m: usize) -> Option<
                         qs: &q.qs[i * cols..(i + 1) * cols],
                         d: &q.d[i * nb..(i + 1) * nb],
                         s: &q.s[i * nb..(i + 1) * nb],
+                        d8: q.d8.get(i * nb * 8..(i + 1) * nb * 8).unwrap_or(&[]),
                     }
                 }
                 Format::Q4K | Format::Q6K => {
@@ -288,7 +291,10 @@ mod scalar {
                 .map(|(b, x)| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) * x)
                 .sum(),
             (Format::F16, Act::F32(x)) => (0..cols).map(|i| f16_at(w, 2 * i) * x[i]).sum(),
-            (Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0, Act::Q8 { qs, d, s }) => {
+            (
+                Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0,
+                Act::Q8 { qs, d, s, .. },
+            ) => {
                 let bb = format.block_bytes();
                 let mut acc = 0f32;
                 for (b, blk) in w.chunks_exact(bb).enumerate() {
@@ -580,7 +586,7 @@ mod avx2 {
         let mut ss = [std::ptr::null::<f32>(); R];
         for r in 0..R {
             match acts[r] {
-                Act::Q8 { qs: q, d, s } => {
+                Act::Q8 { qs: q, d, s, .. } => {
                     qs[r] = q.as_ptr();
                     ds[r] = d.as_ptr();
                     ss[r] = s.as_ptr();
@@ -942,13 +948,14 @@ mod avx512 {
         out: &mut [f32; R],
     ) {
         let mut qs = [std::ptr::null::<i8>(); R];
-        let mut ds = [std::ptr::null::<f32>(); R];
+        let mut d8s = [std::ptr::null::<f32>(); R];
         let mut ss = [std::ptr::null::<f32>(); R];
         for r in 0..R {
             match acts[r] {
-                Act::Q8 { qs: q, d, s } => {
+                Act::Q8 { qs: q, s, d8, .. } => {
+                    assert!(d8.len() * 4 == q.len(), "AVX-512 activations carry d8");
                     qs[r] = q.as_ptr();
-                    ds[r] = d.as_ptr();
+                    d8s[r] = d8.as_ptr();
                     ss[r] = s.as_ptr();
                 }
                 _ => unreachable!("32-element formats get 8-bit activations"),
@@ -977,7 +984,8 @@ mod avx512 {
             } else {
                 (q, 0)
             };
-            let dw = _mm_setr_ps(d0, d1, 0.0, 0.0);
+            let dw =
+                _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(_mm_setr_ps(d0, d1, 0.0, 0.0)));
             let kw = _mm_setr_ps(offset(format, b0, d0), offset(format, b1, d1), 0.0, 0.0);
             for r in 0..R {
                 let mut y = _mm512_loadu_si512(qs[r].add(32 * b) as *const _);
@@ -985,8 +993,7 @@ mod avx512 {
                     y = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
                 }
                 let p = _mm512_cvtepi32_ps(dot_us::<VNNI>(u, y));
-                let dy = _mm_castpd_ps(_mm_load_sd(ds[r].add(b) as *const f64));
-                let scale = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(_mm_mul_ps(dw, dy)));
+                let scale = _mm512_mul_ps(dw, _mm512_loadu_ps(d8s[r].add(8 * b)));
                 acc[r] = _mm512_fmadd_ps(p, scale, acc[r]);
                 if !signed {
                     let sy = _mm_castpd_ps(_mm_load_sd(ss[r].add(b) as *const f64));
@@ -1021,12 +1028,13 @@ mod avx512 {
                 let w = random_row(&mut rng, format, cols);
                 let x: Vec<f32> = (0..4 * cols).map(|_| rng.f32()).collect();
                 let mut q = Q8Rows::default();
-                q.quantize(crate::Isa::Scalar, &x, 4, cols);
+                q.quantize(crate::Isa::Avx512, &x, 4, cols);
                 let nb = cols / 32;
                 let acts: [Act<'_>; 4] = std::array::from_fn(|r| Act::Q8 {
                     qs: &q.qs[r * cols..(r + 1) * cols],
                     d: &q.d[r * nb..(r + 1) * nb],
                     s: &q.s[r * nb..(r + 1) * nb],
+                    d8: &q.d8[r * nb * 8..(r + 1) * nb * 8],
                 });
                 let mut bw = [0f32; 4];
                 // SAFETY: AVX-512 F/BW/VL were detected above.

@@ -241,6 +241,9 @@ pub struct Q8Rows {
     pub qs: Vec<i8>,
     pub d: Vec<f32>,
     pub s: Vec<f32>,
+    /// Each block's `d` eight times over (AVX-512 only: two blocks' scales are one vector
+    /// load, lanes 0..8 and 8..16, matching the lanes of a two-block product).
+    pub d8: Vec<f32>,
 }
 
 /// Activation rows quantised to 8 bits in blocks of 256: `qs`, a scale per block and the
@@ -277,16 +280,21 @@ impl Q8Rows {
         resize(&mut self.qs, rows * cols);
         resize(&mut self.d, rows * nb);
         resize(&mut self.s, rows * nb);
+        let wide = isa >= crate::Isa::Avx512;
+        resize(&mut self.d8, if wide { rows * nb * 8 } else { 0 });
         let x = &x[..rows * cols];
-        for (((xb, qb), d), s) in x
+        for (b, ((xb, qb), (d, s))) in x
             .chunks_exact(32)
             .zip(self.qs.chunks_exact_mut(32))
-            .zip(self.d.iter_mut())
-            .zip(self.s.iter_mut())
+            .zip(self.d.iter_mut().zip(self.s.iter_mut()))
+            .enumerate()
         {
             let (scale, sum) = crate::matmul::quantize_block(isa, xb, qb);
             *d = scale;
             *s = scale * sum as f32;
+            if wide {
+                self.d8[8 * b..8 * b + 8].fill(scale);
+            }
         }
     }
 }
