@@ -562,9 +562,9 @@ mod avx2 {
             let mut s = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
             for t in i..cols {
                 let wv = if f16 {
-                    half::f16::from_bits(*(w as *const u16).add(t)).to_f32()
+                    half::f16::from_bits((w as *const u16).add(t).read_unaligned()).to_f32()
                 } else {
-                    *w.add(t)
+                    w.add(t).read_unaligned()
                 };
                 s += wv * x[r][t];
             }
@@ -996,7 +996,8 @@ mod avx512 {
                 let scale = _mm512_mul_ps(dw, _mm512_loadu_ps(d8s[r].add(8 * b)));
                 acc[r] = _mm512_fmadd_ps(p, scale, acc[r]);
                 if !signed {
-                    let sy = _mm_castpd_ps(_mm_load_sd(ss[r].add(b) as *const f64));
+                    // two f32 (8 bytes, any alignment)
+                    let sy = _mm_castsi128_ps(_mm_loadl_epi64(ss[r].add(b) as *const __m128i));
                     off[r] = _mm_fmadd_ps(kw, sy, off[r]);
                 }
             }

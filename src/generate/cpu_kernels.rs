@@ -5,12 +5,11 @@
 //! the first model loads (F16 weights are kept as F16 only when they are); `generation.kernels
 //! = "candle"` switches them off at run time, so mistral.rs's and candle's own code runs.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Once;
 
 use mistralrs_quant::cpu_hooks;
 
-static ENABLED: AtomicBool = AtomicBool::new(true);
 static MATMULS: AtomicU64 = AtomicU64::new(0);
 static ATTENTIONS: AtomicU64 = AtomicU64::new(0);
 
@@ -25,7 +24,7 @@ pub fn calls() -> (u64, u64) {
 /// Registers the hooks (once) and turns them on or off for the models loaded from now on.
 pub fn install(enabled: bool) {
     static REGISTER: Once = Once::new();
-    ENABLED.store(enabled, Ordering::SeqCst);
+    cpu_hooks::set_enabled(enabled);
     REGISTER.call_once(|| {
         cpu_hooks::set_matmul(matmul);
         cpu_hooks::set_attention(attention);
@@ -36,17 +35,15 @@ pub fn install(enabled: bool) {
     });
 }
 
-/// Whether docent's kernels run now.
-pub fn enabled() -> bool {
-    ENABLED.load(Ordering::SeqCst)
-}
-
 /// Sizes rayon's global pool, which candle's operations and docent's kernels share; the first
 /// call in a process decides (later calls with another size are logged and ignored).
 pub fn init_threads(threads: usize) {
     let built = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(|i| format!("docent-compute-{i}"))
+        // a worker may run a whole forward pass (mistral.rs's, inside rayon::scope), and
+        // work stealing can nest another one on the same stack
+        .stack_size(8 << 20)
         .build_global();
     match built {
         Ok(()) => tracing::info!(threads = rayon::current_num_threads(), "compute pool"),
@@ -60,9 +57,6 @@ pub fn init_threads(threads: usize) {
 }
 
 fn matmul(w: &cpu_hooks::WeightView<'_>, x: &[f32], m: usize) -> Option<Vec<f32>> {
-    if !enabled() {
-        return None;
-    }
     let w = docent_kernels::matmul::WeightView {
         ggml_type: w.ggml_type,
         rows: w.rows,
@@ -77,9 +71,6 @@ fn matmul(w: &cpu_hooks::WeightView<'_>, x: &[f32], m: usize) -> Option<Vec<f32>
 }
 
 fn attention(a: &cpu_hooks::AttentionArgs<'_>) -> Option<Vec<f32>> {
-    if !enabled() {
-        return None;
-    }
     let out = docent_kernels::attention::attention(&docent_kernels::attention::AttentionArgs {
         q: a.q,
         k: a.k,

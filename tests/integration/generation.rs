@@ -190,7 +190,15 @@ async fn prefix_cache_reuse_gives_the_same_tokens() {
             "prompt {first}: cache changed the output"
         );
         // the same prompt again: reused from the cache in full
-        let again = cached.complete_tokens(prompt, 32).await.unwrap();
+        let again = cached.complete_tokens(prompt.clone(), 32).await.unwrap();
         assert_eq!(again.token_ids, want.token_ids, "prompt {first}, repeated");
+        // a next turn: the whole earlier exchange (prompt and answer) plus new tokens, which
+        // extends a stored entry past the positions it holds KV for
+        let mut turn = prompt;
+        turn.extend(want.token_ids.clone().unwrap_or_default());
+        turn.extend([420 + first, 421]);
+        let want2 = plain.complete_tokens(turn.clone(), 16).await.unwrap();
+        let got2 = cached.complete_tokens(turn, 16).await.unwrap();
+        assert_eq!(got2.token_ids, want2.token_ids, "prompt {first}, next turn");
     }
 }

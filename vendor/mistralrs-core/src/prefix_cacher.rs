@@ -21,6 +21,20 @@ pub fn set_prefix_cache_limit_bytes(bytes: usize) {
     PREFIX_CACHE_LIMIT_BYTES.store(bytes, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Positions an entry holds KV data for (the shortest of its layers).
+fn element_len(e: &CacheElement) -> usize {
+    e.cache
+        .iter()
+        .flatten()
+        .filter_map(|c| match c {
+            KvCache::Normal { k, .. } => Some(k.current_seq_len),
+            KvCache::Rotating { k, .. } => Some(k.current_seq_len),
+            KvCache::Shared { .. } => None,
+        })
+        .min()
+        .unwrap_or(usize::MAX)
+}
+
 /// Bytes of KV data an entry holds.
 fn element_bytes(e: &CacheElement) -> usize {
     let tensor_bytes = |t: &Option<candle_core::Tensor>| {
@@ -132,7 +146,7 @@ impl PrefixCacheManagerV2 {
             let Ok(cache) = seq
                 .normal_cache()
                 .iter()
-                .map(|c| c.as_ref().map(|c| c.deep_copy()).transpose())
+                .map(|c| c.as_ref().map(|c| c.deep_copy(false)).transpose())
                 .collect::<Result<Vec<_>>>()
             else {
                 return;
@@ -302,7 +316,9 @@ impl PrefixCacheManagerV2 {
         let mut best_match: Option<(usize, &CacheElement, usize, usize, usize)> = None;
         let mut best_index = 0;
         for (index, (k, v)) in self.caches.iter().enumerate() {
-            let match_len = toks.shared_prefix_len(k);
+            // docent: never past the positions the entry holds KV for (an entry is stored
+            // after its last token was sampled, so its cache is one shorter than its key).
+            let match_len = toks.shared_prefix_len(k).min(element_len(v));
             if match_len == 0 {
                 continue;
             }
@@ -407,7 +423,7 @@ impl PrefixCacheManagerV2 {
             cache.cache = cache
                 .cache
                 .iter()
-                .map(|c| c.as_ref().map(|c| c.deep_copy()).transpose())
+                .map(|c| c.as_ref().map(|c| c.deep_copy(true)).transpose())
                 .collect::<Result<Vec<_>>>()?;
             // docent: a hit makes the entry the most recently used.
             let last = self.caches.len() - 1;

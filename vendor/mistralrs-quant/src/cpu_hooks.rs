@@ -4,6 +4,7 @@
 //! registers plain functions once at start-up; until then, and whenever a hook answers
 //! `None`, the crate's own code runs as before.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 /// A weight matrix in GGML block layout: `rows` rows of `cols` elements each.
@@ -48,6 +49,13 @@ pub type AttentionHook = fn(args: &AttentionArgs<'_>) -> Option<Vec<f32>>;
 
 static MATMUL: OnceLock<MatMulHook> = OnceLock::new();
 static ATTENTION: OnceLock<AttentionHook> = OnceLock::new();
+static ENABLED: AtomicBool = AtomicBool::new(true);
+
+/// Turns the registered hooks on or off (process-wide; models loaded while they are off keep
+/// candle's own weight layout).
+pub fn set_enabled(enabled: bool) {
+    ENABLED.store(enabled, Ordering::SeqCst);
+}
 
 /// Registers the CPU matmul for GGUF weights (the first registration wins).
 pub fn set_matmul(hook: MatMulHook) {
@@ -59,10 +67,12 @@ pub fn set_attention(hook: AttentionHook) {
     let _ = ATTENTION.set(hook);
 }
 
+/// The registered matmul, unless the hooks are off.
 pub fn matmul() -> Option<MatMulHook> {
-    MATMUL.get().copied()
+    MATMUL.get().copied().filter(|_| ENABLED.load(Ordering::Relaxed))
 }
 
+/// The registered attention, unless the hooks are off.
 pub fn attention() -> Option<AttentionHook> {
-    ATTENTION.get().copied()
+    ATTENTION.get().copied().filter(|_| ENABLED.load(Ordering::Relaxed))
 }

@@ -133,29 +133,40 @@ impl KvCache {
         }
     }
 
-    /// docent: the same cache on storage of its own (a copy of the data).
-    pub fn deep_copy(&self) -> Result<Self> {
+    /// docent: the same cache on storage of its own (a copy of the filled part). With
+    /// `round_capacity` the copy gets room to grow, its capacity rounded up to whole
+    /// `CACHE_GROW_SIZE` blocks as the crate's own caches have (sequences batched together
+    /// need equal capacities); without, it is exactly as long as its data (what the prefix
+    /// cache stores).
+    pub fn deep_copy(&self, round_capacity: bool) -> Result<Self> {
         let mut out = self.clone();
         match &mut out {
             Self::Normal { k, v } => {
-                // Only the filled part is copied; the copy grows when appended to.
                 for c in [k, v] {
                     if let Some(t) = &c.all_data {
                         let len = c.current_seq_len.min(t.dim(c.dim)?);
-                        let filled = t.narrow(c.dim, 0, len)?;
-                        // contiguous() of a contiguous view would share the storage.
-                        c.all_data = Some(if filled.is_contiguous() {
-                            filled.copy()?
+                        // force_contiguous: a compact copy even of a contiguous view.
+                        let filled = t.narrow(c.dim, 0, len)?.force_contiguous()?;
+                        if round_capacity {
+                            let grow = NormalCache::CACHE_GROW_SIZE;
+                            let cap = (len.div_ceil(grow).max(1) * grow).min(c.max_seq_len.max(len));
+                            let mut shape = t.dims().to_vec();
+                            shape[c.dim] = cap;
+                            let full = Tensor::zeros(shape, t.dtype(), t.device())?;
+                            full.slice_set(&filled, c.dim, 0)?;
+                            c.all_data = Some(full);
+                            c.capacity_seq_len = cap;
                         } else {
-                            filled.contiguous()?
-                        });
-                        c.capacity_seq_len = len;
+                            c.all_data = Some(filled);
+                            c.capacity_seq_len = len;
+                        }
                     }
                 }
             }
             Self::Rotating { k, v } => {
-                k.all_data = k.all_data.as_ref().map(|t| t.copy()).transpose()?;
-                v.all_data = v.all_data.as_ref().map(|t| t.copy()).transpose()?;
+                for c in [k, v] {
+                    c.all_data = c.all_data.as_ref().map(|t| t.force_contiguous()).transpose()?;
+                }
             }
             Self::Shared { .. } => {}
         }

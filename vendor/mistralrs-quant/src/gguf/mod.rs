@@ -45,7 +45,12 @@ fn cpu_hooks_forward(w: &QMatMul, a: &Tensor) -> Result<Option<Tensor>> {
     let x = &x[..m * k];
     let out = match w {
         QMatMul::QTensor(q) => {
-            let (rows, cols) = q.shape().dims2()?;
+            let Ok((rows, cols)) = q.shape().dims2() else {
+                return Ok(None);
+            };
+            if !q.device().is_cpu() {
+                return Ok(None);
+            }
             let data = q.data()?;
             let view = crate::cpu_hooks::WeightView {
                 ggml_type: ggml_type_id(q.dtype()),
@@ -58,7 +63,7 @@ fn cpu_hooks_forward(w: &QMatMul, a: &Tensor) -> Result<Option<Tensor>> {
             }
             hook(&view, x, m)
         }
-        QMatMul::Tensor(t) if t.dtype() == DType::F32 && t.rank() == 2 => {
+        QMatMul::Tensor(t) if t.dtype() == DType::F32 && t.rank() == 2 && t.device().is_cpu() => {
             let (rows, cols) = t.dims2()?;
             if cols != k || !t.is_contiguous() {
                 return Ok(None);
