@@ -156,11 +156,16 @@ fn name(p: &Path) -> String {
         .unwrap_or_else(|| p.display().to_string())
 }
 
+/// An engine for the speed cells: no prefix cache, so every prompt is prefilled from
+/// scratch, as the llama.cpp peer does (it clears its KV cache per run); the longer prompts
+/// start with the shorter ones and would otherwise reuse their KV. The memory rows set it
+/// themselves.
 fn config(model: &Path, opts: &Options) -> GenerationConfig {
     GenerationConfig {
         model: model.to_path_buf(),
         dtype: opts.dtype.clone(),
         kernels: opts.kernels.clone(),
+        prefix_cache: false,
         ..crate::config::Config::default().generation
     }
 }
