@@ -739,19 +739,6 @@ impl MetadataMixin for GGUFPipeline {
     }
 }
 
-/// docent: moves the forward-pass closure (and its result) onto a rayon worker. The engine
-/// thread waits inside `rayon::scope` until it returns, so nothing is used from two threads
-/// at once; the model's types just do not all declare `Send`/`Sync`.
-struct CpuForward<T>(T);
-// SAFETY: see above: the value is used by one thread at a time, handed over and back through
-// rayon::scope, which returns only after the closure has finished.
-unsafe impl<T> Send for CpuForward<T> {}
-impl<T> CpuForward<T> {
-    fn into_inner(self) -> T {
-        self.0
-    }
-}
-
 #[async_trait::async_trait]
 impl Pipeline for GGUFPipeline {
     fn forward_inputs(
@@ -790,7 +777,7 @@ impl Pipeline for GGUFPipeline {
         let model = &self.model;
         let no_kv_cache = self.no_kv_cache;
         let non_granular_state = &self.non_granular_state;
-        let job = CpuForward(move || -> Result<Tensor, candle_core::Error> {
+        let job = move || -> Result<Tensor, candle_core::Error> {
             Ok(match *model {
                 Model::Llama(ref model) => {
                     model.forward(&input_ids, &seqlen_offsets, context_lens, paged_attn_meta)?
@@ -836,12 +823,8 @@ impl Pipeline for GGUFPipeline {
                     model.forward(&input_ids, &seqlen_offsets, context_lens, paged_attn_meta)?
                 }
             })
-        });
-        let logits = if on_cpu {
-            rayon::scope(move |_| CpuForward(job.into_inner()())).into_inner()?
-        } else {
-            job.into_inner()()?
         };
+        let logits = super::run_on_cpu_pool(on_cpu, job)?;
         if return_raw_logits {
             Ok(ForwardInputsResult::RawLogits { logits })
         } else {

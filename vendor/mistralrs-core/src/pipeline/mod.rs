@@ -1179,3 +1179,27 @@ mod tests {
         test_with_inputs(&templates, &expected_outputs, inputs);
     }
 }
+
+/// docent: runs a forward pass on a worker of rayon's global pool when the model is on the
+/// CPU, so every parallel section inside it (docent's kernels, candle's ops) starts from
+/// inside the pool instead of blocking and waking the engine thread once per operation. The
+/// engine thread waits inside `rayon::scope` until the closure returns.
+pub(crate) fn run_on_cpu_pool<T>(on_cpu: bool, f: impl FnOnce() -> T) -> T {
+    /// Moves the closure (and its result) to the worker and back. The model's types do not
+    /// all declare `Send`; this is sound because the engine thread is blocked in
+    /// `rayon::scope` while the worker runs the closure, so nothing is used from two threads
+    /// at once.
+    struct OnWorker<F>(F);
+    // SAFETY: see above.
+    unsafe impl<F> Send for OnWorker<F> {}
+    impl<F> OnWorker<F> {
+        fn into_inner(self) -> F {
+            self.0
+        }
+    }
+    if !on_cpu {
+        return f();
+    }
+    let job = OnWorker(f);
+    rayon::scope(move |_| OnWorker(job.into_inner()())).into_inner()
+}

@@ -1188,14 +1188,20 @@ impl Pipeline for NormalPipeline {
                     .as_ref()
                     .map(|meta| (meta.0.get_kv_cache().clone(), meta.1.clone()));
 
-                self.model.forward(
-                    &input_ids,
-                    &seqlen_offsets,
-                    context_lens,
-                    position_ids,
-                    paged_attn_meta.as_ref().map(|(a, b)| (a.clone(), b)),
-                    &flash_meta,
-                )?
+                // docent: on the CPU the forward pass runs on a worker of rayon's global pool
+                // (see run_on_cpu_pool).
+                let model = &self.model;
+                let on_cpu = input_ids.device().is_cpu();
+                super::run_on_cpu_pool(on_cpu, move || {
+                    model.forward(
+                        &input_ids,
+                        &seqlen_offsets,
+                        context_lens,
+                        position_ids,
+                        paged_attn_meta.as_ref().map(|(a, b)| (a.clone(), b)),
+                        &flash_meta,
+                    )
+                })?
             }
             true => self.model.xlora_forward(
                 &input_ids,

@@ -26,7 +26,7 @@ use crate::{
 
 /// docent: runs the registered CPU matmul (crate::cpu_hooks) when there is one and it takes
 /// this weight; `None` leaves the work to candle.
-fn cpu_hooks_forward(w: &QMatMul, a: &Tensor) -> Result<Option<Tensor>> {
+pub(crate) fn cpu_hooks_forward(w: &QMatMul, a: &Tensor) -> Result<Option<Tensor>> {
     let Some(hook) = crate::cpu_hooks::matmul() else {
         return Ok(None);
     };

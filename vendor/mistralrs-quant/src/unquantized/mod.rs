@@ -53,6 +53,18 @@ impl QuantMethod for UnquantLinear {
     }
 
     fn forward(&self, a: &Tensor) -> Result<Tensor> {
+        // docent: F32 weights on the CPU go to the registered matmul hook (crate::cpu_hooks),
+        // as GGUF weights do; candle runs when it declines.
+        if self.stats.is_none() && self.w.device().is_cpu() && self.w.dtype() == DType::F32 {
+            let w = candle_core::quantized::QMatMul::Tensor(self.w.clone());
+            if let Some(x) = crate::gguf::cpu_hooks_forward(&w, a)? {
+                return match &self.b {
+                    Some(b) => x.broadcast_add(b),
+                    None => Ok(x),
+                };
+            }
+        }
+
         // Batch matrix multiplication
         maybe_init_cublas_lt_wrapper(a.device().clone());
 
