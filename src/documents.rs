@@ -15,7 +15,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::api::ApiError;
+use crate::error::ApiError;
 use crate::jobs::{Jobs, Status};
 
 /// Optional `metadata` field of an upload.

@@ -9,6 +9,7 @@ pub mod api;
 pub mod bench;
 pub mod config;
 pub mod documents;
+pub mod error;
 pub mod eval;
 pub mod generate;
 pub mod jobs;
