@@ -105,6 +105,32 @@ enum Act<'a> {
     },
 }
 
+impl<'a> Act<'a> {
+    /// The row of a float format (F32/F16 weights get float activations).
+    fn floats(self) -> &'a [f32] {
+        match self {
+            Act::F32(x) => x,
+            _ => unreachable!("float weights get float activations"),
+        }
+    }
+
+    /// `(qs, d, s, d8)` of a row in 32-blocks (the Q4_0/Q4_1/Q5_0/Q8_0 weights).
+    fn q8(self) -> (&'a [i8], &'a [f32], &'a [f32], &'a [f32]) {
+        match self {
+            Act::Q8 { qs, d, s, d8 } => (qs, d, s, d8),
+            _ => unreachable!("32-element formats get 8-bit activations"),
+        }
+    }
+
+    /// `(qs, d, bsums)` of a row in 256-blocks (the K formats).
+    fn q8k(self) -> (&'a [i8], &'a [f32], &'a [i16]) {
+        match self {
+            Act::Q8K { qs, d, bsums } => (qs, d, bsums),
+            _ => unreachable!("K formats get 8-bit activations in 256-blocks"),
+        }
+    }
+}
+
 /// The output pointer, shared by the tasks; each writes a disjoint set of columns.
 #[derive(Clone, Copy)]
 struct Out(*mut f32);
@@ -411,14 +437,14 @@ mod avx2 {
     }
 
     #[inline(always)]
-    unsafe fn f16(p: *const u8) -> f32 {
+    pub(super) unsafe fn f16(p: *const u8) -> f32 {
         let bits = (p as *const u16).read_unaligned();
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
     }
 
     /// 16 bytes of nibbles → 32 bytes: low nibbles in the low lane, high nibbles in the high.
     #[inline(always)]
-    unsafe fn nibbles(p: *const u8) -> __m256i {
+    pub(super) unsafe fn nibbles(p: *const u8) -> __m256i {
         let t = _mm_loadu_si128(p as *const __m128i);
         let b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
         _mm256_and_si256(b, _mm256_set1_epi8(0x0F))
@@ -501,19 +527,15 @@ mod avx2 {
     ) {
         let _ = isa;
         match format {
-            Format::F32 => {
-                let x: [&[f32]; R] = std::array::from_fn(|r| match acts[r] {
-                    Act::F32(x) => x,
-                    _ => unreachable!(),
-                });
-                dot_f32(w.as_ptr() as *const f32, cols, x, out, false)
-            }
-            Format::F16 => {
-                let x: [&[f32]; R] = std::array::from_fn(|r| match acts[r] {
-                    Act::F32(x) => x,
-                    _ => unreachable!(),
-                });
-                dot_f32(w.as_ptr() as *const f32, cols, x, out, true)
+            Format::F32 | Format::F16 => {
+                let x: [&[f32]; R] = std::array::from_fn(|r| acts[r].floats());
+                dot_f32(
+                    w.as_ptr() as *const f32,
+                    cols,
+                    x,
+                    out,
+                    format == Format::F16,
+                )
             }
             Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0 => {
                 dot_q32(format, w, cols, acts, out)
@@ -585,14 +607,10 @@ mod avx2 {
         let mut ds = [std::ptr::null::<f32>(); R];
         let mut ss = [std::ptr::null::<f32>(); R];
         for r in 0..R {
-            match acts[r] {
-                Act::Q8 { qs: q, d, s, .. } => {
-                    qs[r] = q.as_ptr();
-                    ds[r] = d.as_ptr();
-                    ss[r] = s.as_ptr();
-                }
-                _ => unreachable!(),
-            }
+            let (q, d, s, _) = acts[r].q8();
+            qs[r] = q.as_ptr();
+            ds[r] = d.as_ptr();
+            ss[r] = s.as_ptr();
         }
         let bb = format.block_bytes();
         let nb = cols / 32;
@@ -638,11 +656,9 @@ mod avx2 {
     }
 
     #[inline(always)]
-    unsafe fn q8k(act: &Act<'_>) -> (*const i8, *const f32, *const i16) {
-        match *act {
-            Act::Q8K { qs, d, bsums } => (qs.as_ptr(), d.as_ptr(), bsums.as_ptr()),
-            _ => unreachable!(),
-        }
+    fn q8k(act: &Act<'_>) -> (*const i8, *const f32, *const i16) {
+        let (qs, d, bsums) = act.q8k();
+        (qs.as_ptr(), d.as_ptr(), bsums.as_ptr())
     }
 
     #[inline(always)]
@@ -778,6 +794,7 @@ mod avx512 {
     use std::arch::x86_64::*;
     use std::sync::OnceLock;
 
+    use super::avx2::{f16, nibbles};
     use super::{Act, Format};
 
     /// Whether these kernels take `format` at this width (an even number of 32-blocks).
@@ -791,10 +808,7 @@ mod avx512 {
 
     fn vnni() -> bool {
         static VNNI: OnceLock<bool> = OnceLock::new();
-        *VNNI.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx512vnni")
-                && std::env::var("DOCENT_KERNELS_ISA").ok().as_deref() != Some("avx512-novnni")
-        })
+        *VNNI.get_or_init(|| std::arch::is_x86_feature_detected!("avx512vnni"))
     }
 
     /// # Safety
@@ -822,10 +836,7 @@ mod avx512 {
         acts: &[Act<'_>; R],
         out: &mut [f32; R],
     ) {
-        let x: [*const f32; R] = std::array::from_fn(|r| match acts[r] {
-            Act::F32(x) => x.as_ptr(),
-            _ => unreachable!("float weights get float activations"),
-        });
+        let x: [*const f32; R] = std::array::from_fn(|r| acts[r].floats().as_ptr());
         let wp = w.as_ptr();
         let load_w = |i: usize| -> __m512 {
             if f16 {
@@ -899,20 +910,6 @@ mod avx512 {
         }
     }
 
-    #[inline(always)]
-    unsafe fn f16(p: *const u8) -> f32 {
-        let bits = (p as *const u16).read_unaligned();
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-    }
-
-    /// 16 bytes of nibbles → 32 bytes: low nibbles first, then high nibbles.
-    #[inline(always)]
-    unsafe fn nibbles(p: *const u8) -> __m256i {
-        let t = _mm_loadu_si128(p as *const __m128i);
-        let b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
-        _mm256_and_si256(b, _mm256_set1_epi8(0x0F))
-    }
-
     /// The 32 bytes of one block as unsigned values (Q4_0/Q4_1/Q5_0) or signed ones (Q8_0).
     #[inline(always)]
     unsafe fn block_bytes(format: Format, blk: *const u8) -> __m256i {
@@ -951,15 +948,11 @@ mod avx512 {
         let mut d8s = [std::ptr::null::<f32>(); R];
         let mut ss = [std::ptr::null::<f32>(); R];
         for r in 0..R {
-            match acts[r] {
-                Act::Q8 { qs: q, s, d8, .. } => {
-                    assert!(d8.len() * 4 == q.len(), "AVX-512 activations carry d8");
-                    qs[r] = q.as_ptr();
-                    d8s[r] = d8.as_ptr();
-                    ss[r] = s.as_ptr();
-                }
-                _ => unreachable!("32-element formats get 8-bit activations"),
-            }
+            let (q, _, s, d8) = acts[r].q8();
+            assert!(d8.len() * 4 == q.len(), "AVX-512 activations carry d8");
+            qs[r] = q.as_ptr();
+            d8s[r] = d8.as_ptr();
+            ss[r] = s.as_ptr();
         }
         let bb = format.block_bytes();
         let nb = cols / 32;
