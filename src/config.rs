@@ -168,6 +168,10 @@ fn default_prefix_cache_mib() -> usize {
     128
 }
 
+fn default_isa() -> String {
+    "auto".into()
+}
+
 fn default_kernels() -> String {
     "docent".into()
 }
@@ -239,6 +243,11 @@ pub struct GenerationConfig {
     /// chosen at run time) or `candle` (mistral.rs's and candle's own, for comparison).
     #[serde(default = "default_kernels")]
     pub kernels: String,
+    /// The most advanced instruction set docent's kernels may use: `auto` (what the processor
+    /// has), `avx512`, `avx2` or `scalar` (for comparisons; fixed for the process once the
+    /// first model has loaded).
+    #[serde(default = "default_isa")]
+    pub isa: String,
     /// Answers generating or waiting for the engine at once; more get 429 with
     /// `Retry-After`.
     #[serde(default = "default_max_queue")]
@@ -328,6 +337,7 @@ impl Default for Config {
                 prefix_cache_mib: default_prefix_cache_mib(),
                 threads: 0,
                 kernels: default_kernels(),
+                isa: default_isa(),
                 max_queue: default_max_queue(),
                 cache_size: default_cache_size(),
             },
@@ -505,6 +515,15 @@ impl Config {
                 ),
             );
         }
+        if !["auto", "avx512", "avx2", "scalar"].contains(&self.generation.isa.as_str()) {
+            return invalid(
+                "generation.isa",
+                format!(
+                    "must be auto, avx512, avx2 or scalar, got {:?}",
+                    self.generation.isa
+                ),
+            );
+        }
         if self.generation.threads > 1024 {
             return invalid(
                 "generation.threads",
@@ -669,6 +688,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("does not exist"), "{e}");
+    }
+
+    #[test]
+    fn kernel_settings_are_checked() {
+        let mut c = Config::default();
+        c.generation.isa = "sse9".into();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("generation.isa") && e.contains("avx2"), "{e}");
+        let mut c = Config::default();
+        c.generation.kernels = "fast".into();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("generation.kernels"), "{e}");
     }
 
     #[test]

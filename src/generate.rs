@@ -415,7 +415,7 @@ impl Generator {
             None => loader,
         };
         cpu_kernels::init_threads(config.threads);
-        cpu_kernels::install(config.kernels == "docent");
+        cpu_kernels::install(config.kernels == "docent", &config.isa);
         mistralrs::core::set_prefix_cache_limit_bytes(config.prefix_cache_mib << 20);
         let force_cpu = config.device == "cpu";
         let dtype = dtype(&config.dtype);

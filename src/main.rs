@@ -29,6 +29,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process; the bench variants are large, and boxing them buys nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run the HTTP service.
@@ -196,6 +198,9 @@ enum Bench {
         /// CPU kernels: docent (kernels/) or candle (mistral.rs's and candle's own).
         #[arg(long, default_value = "docent")]
         kernels: String,
+        /// Instruction-set cap of docent's kernels: auto, avx512, avx2 or scalar.
+        #[arg(long, default_value = "auto")]
+        isa: String,
         #[arg(long)]
         json: bool,
     },
@@ -414,6 +419,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             peer_python,
             no_peer,
             kernels,
+            isa,
             json,
         }) => {
             // candle computes on rayon's global pool: size it before anything uses it
@@ -462,6 +468,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 memory_queries: memory,
                 peer,
                 kernels,
+                isa,
             };
             let result = docent::bench::generate::run(&opts).await?;
             print_report(&result, json)

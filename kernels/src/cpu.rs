@@ -1,8 +1,8 @@
 //! Run-time choice of the instruction set.
 //!
 //! The kernels are compiled for every level (through `#[target_feature]`) and the level is
-//! picked once, from what the processor reports. `DOCENT_KERNELS_ISA=scalar|avx2|avx512` caps
-//! it (for comparisons and tests); a cap above what the processor has is ignored.
+//! picked once, from what the processor reports. [`set_cap`] lowers it (for comparisons;
+//! docent sets it from `generation.isa`); a cap above what the processor has is ignored.
 
 use std::sync::OnceLock;
 
@@ -57,16 +57,16 @@ pub fn detect() -> Isa {
     Isa::Scalar
 }
 
-/// The level the kernels use: [`detect`], capped by `DOCENT_KERNELS_ISA`.
+static CAP: OnceLock<Isa> = OnceLock::new();
+
+/// Caps the level the kernels use. Only the first call counts, and only before the first
+/// kernel runs (the level is fixed then).
+pub fn set_cap(cap: Isa) {
+    let _ = CAP.set(cap);
+}
+
+/// The level the kernels use: [`detect`], capped by [`set_cap`].
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        let best = detect();
-        let cap = match std::env::var("DOCENT_KERNELS_ISA").ok().as_deref() {
-            Some("scalar") => Isa::Scalar,
-            Some("avx2") => Isa::Avx2,
-            _ => Isa::Avx512,
-        };
-        best.min(cap)
-    })
+    *ISA.get_or_init(|| detect().min(*CAP.get_or_init(|| Isa::Avx512)))
 }

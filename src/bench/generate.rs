@@ -39,6 +39,8 @@ pub struct Options {
     pub peer: Option<Peer>,
     /// `generation.kernels` for every engine of the run (`docent` or `candle`).
     pub kernels: String,
+    /// `generation.isa`: the instruction-set cap of docent's kernels.
+    pub isa: String,
 }
 
 /// One model × prompt cell.
@@ -165,6 +167,7 @@ fn config(model: &Path, opts: &Options) -> GenerationConfig {
         model: model.to_path_buf(),
         dtype: opts.dtype.clone(),
         kernels: opts.kernels.clone(),
+        isa: opts.isa.clone(),
         prefix_cache: false,
         ..crate::config::Config::default().generation
     }
@@ -266,6 +269,8 @@ fn run_peer(
 }
 
 pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
+    // the instruction-set cap first: the report names the level, which is fixed on first use
+    crate::generate::cpu_kernels::install(opts.kernels == "docent", &opts.isa);
     let text = std::fs::read_to_string(&opts.text)
         .map_err(|e| anyhow::anyhow!("reading {}: {e}", opts.text.display()))?;
     let scratch =

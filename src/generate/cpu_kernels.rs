@@ -21,11 +21,17 @@ pub fn calls() -> (u64, u64) {
     )
 }
 
-/// Registers the hooks (once) and turns them on or off for the models loaded from now on.
-pub fn install(enabled: bool) {
+/// Registers the hooks (once) and turns them on or off for the models loaded from now on;
+/// `isa` (`generation.isa`) caps the instruction set, for the process.
+pub fn install(enabled: bool, isa: &str) {
     static REGISTER: Once = Once::new();
     cpu_hooks::set_enabled(enabled);
     REGISTER.call_once(|| {
+        docent_kernels::cpu::set_cap(match isa {
+            "scalar" => docent_kernels::Isa::Scalar,
+            "avx2" => docent_kernels::Isa::Avx2,
+            _ => docent_kernels::Isa::Avx512,
+        });
         cpu_hooks::set_matmul(matmul);
         cpu_hooks::set_attention(attention);
         tracing::info!(
