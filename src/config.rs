@@ -176,6 +176,14 @@ fn default_kernels() -> String {
     "docent".into()
 }
 
+fn default_kv_cache() -> String {
+    "f32".into()
+}
+
+fn default_prefill_chunk() -> usize {
+    256
+}
+
 fn default_max_queue() -> usize {
     32
 }
@@ -248,6 +256,19 @@ pub struct GenerationConfig {
     /// first model has loaded).
     #[serde(default = "default_isa")]
     pub isa: String,
+    /// The KV cache's element type on the CPU: `f32`, or `f16` (half the memory and the
+    /// bytes attention reads per token; keys and values rounded to F16, as llama.cpp does).
+    #[serde(default = "default_kv_cache")]
+    pub kv_cache: String,
+    /// Continuous batching on the CPU (GGUF Llama-family models, no draft model): answers of
+    /// different lengths decode together in one forward pass, and a new request joins the
+    /// running batch between steps.
+    #[serde(default = "yes")]
+    pub continuous_batching: bool,
+    /// With continuous batching, prompts are prefilled this many tokens per step, so answers
+    /// that are streaming keep going while a long prompt is read (0: whole prompts).
+    #[serde(default = "default_prefill_chunk")]
+    pub prefill_chunk_tokens: usize,
     /// Answers generating or waiting for the engine at once; more get 429 with
     /// `Retry-After`.
     #[serde(default = "default_max_queue")]
@@ -338,6 +359,9 @@ impl Default for Config {
                 threads: 0,
                 kernels: default_kernels(),
                 isa: default_isa(),
+                kv_cache: default_kv_cache(),
+                continuous_batching: true,
+                prefill_chunk_tokens: default_prefill_chunk(),
                 max_queue: default_max_queue(),
                 cache_size: default_cache_size(),
             },
@@ -521,6 +545,23 @@ impl Config {
                 format!(
                     "must be auto, avx512, avx2 or scalar, got {:?}",
                     self.generation.isa
+                ),
+            );
+        }
+        if !["f32", "f16"].contains(&self.generation.kv_cache.as_str()) {
+            return invalid(
+                "generation.kv_cache",
+                format!("must be f32 or f16, got {:?}", self.generation.kv_cache),
+            );
+        }
+        if self.generation.prefill_chunk_tokens != 0
+            && !(16..=65_536).contains(&self.generation.prefill_chunk_tokens)
+        {
+            return invalid(
+                "generation.prefill_chunk_tokens",
+                format!(
+                    "must be 0 (off) or between 16 and 65536, got {}",
+                    self.generation.prefill_chunk_tokens
                 ),
             );
         }

@@ -56,6 +56,20 @@ pub struct Params {
     pub stop: Vec<String>,
 }
 
+impl Params {
+    /// Greedy decoding of up to `max_tokens`, no penalties, no stop strings.
+    pub fn greedy(max_tokens: usize) -> Params {
+        Params {
+            max_tokens,
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            repetition_penalty: 1.0,
+            stop: vec![],
+        }
+    }
+}
+
 /// A finished generation.
 #[derive(Debug, Clone)]
 pub struct Generation {
@@ -295,16 +309,31 @@ impl GenerationStream {
                 "the engine dropped the request".into(),
             )));
         };
-        let Response::Chunk(chunk) = response else {
-            self.finished = true;
-            return Some(Err(response_error(response)));
-        };
-        let (text, finish_reason) = match chunk.choices.into_iter().next() {
-            Some(c) => (c.delta.content.unwrap_or_default(), c.finish_reason),
-            None => (String::new(), None),
+        // chat requests stream `Chunk`s; raw completions (`stream_tokens`) `CompletionChunk`s
+        let (text, finish_reason, usage) = match response {
+            Response::Chunk(chunk) => match chunk.choices.into_iter().next() {
+                Some(c) => (
+                    c.delta.content.unwrap_or_default(),
+                    c.finish_reason,
+                    chunk.usage,
+                ),
+                None => (String::new(), None, chunk.usage),
+            },
+            Response::CompletionChunk(chunk) => match chunk.choices.into_iter().next() {
+                Some(c) => (c.text, c.finish_reason, None),
+                None => (String::new(), None, None),
+            },
+            Response::CompletionDone(r) => {
+                let reason = r.choices.first().map(|c| c.finish_reason.clone());
+                (String::new(), reason.or(Some("stop".into())), Some(r.usage))
+            }
+            other => {
+                self.finished = true;
+                return Some(Err(response_error(other)));
+            }
         };
         if let Some(finish_reason) = finish_reason {
-            let done = Generation::new(String::new(), finish_reason, chunk.usage.as_ref(), None);
+            let done = Generation::new(String::new(), finish_reason, usage.as_ref(), None);
             if text.is_empty() {
                 self.finished = true;
                 return Some(Ok(StreamEvent::Done(done)));
@@ -417,6 +446,16 @@ impl Generator {
         cpu_kernels::init_threads(config.threads);
         cpu_kernels::install(config.kernels == "docent", &config.isa);
         mistralrs::core::set_prefix_cache_limit_bytes(config.prefix_cache_mib << 20);
+        mistralrs::core::set_cpu_kv_cache_f16(config.kv_cache == "f16");
+        // Continuous batching needs each sequence's own cache: not with a draft model, whose
+        // speculative steps manage the caches themselves (the pipeline declines it anyway).
+        let batching = config.continuous_batching && config.draft.is_none();
+        mistralrs::core::set_cpu_continuous_batching(batching);
+        mistralrs::core::set_cpu_prefill_chunk(if batching {
+            config.prefill_chunk_tokens
+        } else {
+            0
+        });
         let force_cpu = config.device == "cpu";
         let dtype = dtype(&config.dtype);
         let max_num_seqs = NonZeroUsize::new(config.max_num_seqs).unwrap_or(NonZeroUsize::MIN);
@@ -560,9 +599,29 @@ impl Generator {
         prompt: &Prompt,
         params: &Params,
     ) -> Result<GenerationStream, GenerateError> {
+        self.stream_request(messages(prompt), sampling(params))
+            .await
+    }
+
+    /// Raw completion from token ids (no template), greedy, token by token.
+    pub async fn stream_tokens(
+        &self,
+        tokens: Vec<u32>,
+        max_tokens: usize,
+    ) -> Result<GenerationStream, GenerateError> {
+        let params = Params::greedy(max_tokens);
+        self.stream_request(RequestMessage::CompletionTokens(tokens), sampling(&params))
+            .await
+    }
+
+    async fn stream_request(
+        &self,
+        messages: RequestMessage,
+        sampling_params: SamplingParams,
+    ) -> Result<GenerationStream, GenerateError> {
         // room for a few chunks: the engine waits on a full channel
         let (tx, rx) = mpsc::channel(64);
-        self.send(messages(prompt), sampling(params), false, true, tx)
+        self.send(messages, sampling_params, false, true, tx)
             .await?;
         self.counters.active.fetch_add(1, Ordering::Relaxed);
         Ok(GenerationStream {
@@ -579,14 +638,7 @@ impl Generator {
         tokens: Vec<u32>,
         max_tokens: usize,
     ) -> Result<Generation, GenerateError> {
-        let params = Params {
-            max_tokens,
-            temperature: 0.0,
-            top_p: 1.0,
-            top_k: 0,
-            repetition_penalty: 1.0,
-            stop: vec![],
-        };
+        let params = Params::greedy(max_tokens);
         let mut sampling = sampling(&params);
         // The top-1 alternative of a greedy step is the chosen token: that is how the
         // engine's response carries token ids.

@@ -45,10 +45,12 @@
 //!   partial `(acc, m, l)` per row; a final pass merges the chunks
 //!   (`m = max m_c`, `l = Σ l_c e^{m_c - m}`, `acc = Σ acc_c e^{m_c - m}`) and divides.
 //! * **Parallelism**: rayon's global pool only (`par_chunks_mut` over disjoint outputs).
-//! * **SIMD**: AVX-512 (16 lanes), AVX2+FMA (8 lanes) or scalar, behind one generic kernel:
-//!   the [`Simd`] trait's operations are `#[inline(always)]` and the generic code is
-//!   instantiated inside `#[target_feature]` entry points, reached only through a token that
-//!   exists when [`cpu::detect`] found the instructions. `head_dim` tails use masked loads.
+//! * **SIMD**: AVX-512 (16 lanes), AVX2+FMA (8 lanes), NEON (4 lanes, aarch64) or scalar,
+//!   behind one generic kernel: the [`Simd`] trait's operations are `#[inline(always)]` and
+//!   the generic code is instantiated inside `#[target_feature]` entry points, reached only
+//!   through a token that exists when [`cpu::detect`] found the instructions. `head_dim`
+//!   tails use masked loads. Keys and values are f32, or F16 (an F16 KV cache:
+//!   [`attention_f16`]), widened in registers.
 //!
 //! # The exponential
 //!
@@ -60,16 +62,18 @@
 //! with the sign put back (absolute error ~1e-7).
 
 use crate::cpu::{self, Isa};
+use half::f16;
 use rayon::prelude::*;
 
-/// Scaled dot-product attention over f32 data (mirrors `mistralrs_quant::cpu_hooks`).
+/// Scaled dot-product attention over f32 queries, with keys and values of type `KV`: `f32`,
+/// or `half::f16` for an F16 KV cache (mirrors `mistralrs_quant::cpu_hooks`).
 #[derive(Debug, Clone, Copy)]
-pub struct AttentionArgs<'a> {
+pub struct AttentionArgs<'a, KV = f32> {
     /// Query, key and value data, each indexed as `b * s[0] + pos * s[1] + head * s[2] + d`
     /// with the given strides `s` (elements); the head_dim axis is contiguous.
     pub q: &'a [f32],
-    pub k: &'a [f32],
-    pub v: &'a [f32],
+    pub k: &'a [KV],
+    pub v: &'a [KV],
     pub q_strides: [usize; 3],
     pub k_strides: [usize; 3],
     pub v_strides: [usize; 3],
@@ -109,6 +113,68 @@ pub fn attention_with(isa: Isa, args: &AttentionArgs<'_>) -> Option<Vec<f32>> {
     attention_planned(isa, args, Plan::DEFAULT)
 }
 
+/// [`attention`] over an F16 KV cache: keys and values are read as F16 and widened to f32
+/// in registers (half the bytes of an f32 cache); the arithmetic is the same.
+pub fn attention_f16(args: &AttentionArgs<'_, f16>) -> Option<Vec<f32>> {
+    attention_f16_with(cpu::isa(), args)
+}
+
+/// [`attention_f16`] with an explicit instruction set.
+pub fn attention_f16_with(isa: Isa, args: &AttentionArgs<'_, f16>) -> Option<Vec<f32>> {
+    attention_planned(isa, args, Plan::DEFAULT)
+}
+
+/// A key/value element type the kernels read: `f32` or `f16`.
+trait Elem: Copy + Send + Sync {
+    fn to_f32(self) -> f32;
+    /// Loads `S::LANES` values as f32.
+    ///
+    /// # Safety
+    ///
+    /// As [`Simd::load`].
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V;
+    /// Loads `n < S::LANES` values as f32 (zeros in the other lanes).
+    ///
+    /// # Safety
+    ///
+    /// As [`Simd::load_part`].
+    unsafe fn load_part<S: Simd>(p: *const Self, n: usize) -> S::V;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const f32) -> S::V {
+        // SAFETY: the caller's contract.
+        unsafe { S::load(p) }
+    }
+    #[inline(always)]
+    unsafe fn load_part<S: Simd>(p: *const f32, n: usize) -> S::V {
+        // SAFETY: the caller's contract.
+        unsafe { S::load_part(p, n) }
+    }
+}
+
+impl Elem for f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const f16) -> S::V {
+        // SAFETY: the caller's contract (f16 is a u16 in memory).
+        unsafe { S::load_f16(p.cast()) }
+    }
+    #[inline(always)]
+    unsafe fn load_part<S: Simd>(p: *const f16, n: usize) -> S::V {
+        // SAFETY: the caller's contract.
+        unsafe { S::load_part_f16(p.cast(), n) }
+    }
+}
+
 /// Which path runs and how the direct path splits keys (tests force each).
 #[derive(Debug, Clone, Copy)]
 struct Plan {
@@ -125,7 +191,11 @@ impl Plan {
     };
 }
 
-fn attention_planned(isa: Isa, args: &AttentionArgs<'_>, plan: Plan) -> Option<Vec<f32>> {
+fn attention_planned<E: Elem>(
+    isa: Isa,
+    args: &AttentionArgs<'_, E>,
+    plan: Plan,
+) -> Option<Vec<f32>> {
     let sh = Shape::new(args)?;
     if sh.out_len == 0 {
         return Some(Vec::new());
@@ -142,6 +212,12 @@ fn attention_planned(isa: Isa, args: &AttentionArgs<'_>, plan: Plan) -> Option<V
             if let Some(t) = x86::Avx2::token() {
                 return Some(run(t, args, &sh, plan));
             }
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa >= Isa::Neon {
+        if let Some(t) = arm::Neon::token() {
+            return Some(run(t, args, &sh, plan));
         }
     }
     let _ = isa;
@@ -163,7 +239,7 @@ struct Shape {
 }
 
 impl Shape {
-    fn new(a: &AttentionArgs<'_>) -> Option<Shape> {
+    fn new<E>(a: &AttentionArgs<'_, E>) -> Option<Shape> {
         if a.n_kv_heads == 0 || !a.n_heads.is_multiple_of(a.n_kv_heads) {
             return None;
         }
@@ -285,8 +361,8 @@ fn row_spans(mask: Option<&[f32]>, q_len: usize, kv_len: usize) -> Vec<Span> {
 }
 
 /// Everything a task reads.
-struct Ctx<'a> {
-    a: AttentionArgs<'a>,
+struct Ctx<'a, E> {
+    a: AttentionArgs<'a, E>,
     sh: Shape,
     spans: &'a [Span],
     /// `scale` (divided by `softcap` when capping: `cap(x) = softcap · tanh(x / softcap)`).
@@ -296,7 +372,7 @@ struct Ctx<'a> {
     n_tiles: usize,
 }
 
-fn run<L: Level>(lvl: L, a: &AttentionArgs<'_>, sh: &Shape, plan: Plan) -> Vec<f32> {
+fn run<L: Level, E: Elem>(lvl: L, a: &AttentionArgs<'_, E>, sh: &Shape, plan: Plan) -> Vec<f32> {
     let spans = row_spans(a.mask, sh.q_len, sh.kv_len);
     let qscale = if a.softcap != 0.0 {
         a.scale / a.softcap
@@ -319,7 +395,7 @@ fn run<L: Level>(lvl: L, a: &AttentionArgs<'_>, sh: &Shape, plan: Plan) -> Vec<f
 }
 
 /// The prefill path: pack Kᵀ tiles, then one task per (batch, head, block of `L::BLOCK` rows).
-fn packed<L: Level>(lvl: L, cx: Ctx<'_>) -> Vec<f32> {
+fn packed<L: Level, E: Elem>(lvl: L, cx: Ctx<'_, E>) -> Vec<f32> {
     let sh = cx.sh;
     let (d, kv_len) = (sh.d, sh.kv_len);
     let n_tiles = kv_len.div_ceil(BC);
@@ -349,7 +425,7 @@ fn packed<L: Level>(lvl: L, cx: Ctx<'_>) -> Vec<f32> {
         for j in 0..BC.min(kv_len - j0) {
             let row = &k[base + (j0 + j) * ks[1]..][..d];
             for (col, &x) in dst.chunks_exact_mut(BC).zip(row) {
-                col[j] = x;
+                col[j] = x.to_f32();
             }
         }
     });
@@ -379,7 +455,7 @@ fn packed<L: Level>(lvl: L, cx: Ctx<'_>) -> Vec<f32> {
 
 /// The decode path: tasks per (batch, kv head, key chunk) leave partial `(acc, m, l)` per row
 /// (rows: `g` query heads × `q_len` positions); a second pass merges them.
-fn direct<L: Level>(lvl: L, cx: Ctx<'_>, plan: Plan) -> Vec<f32> {
+fn direct<L: Level, E: Elem>(lvl: L, cx: Ctx<'_, E>, plan: Plan) -> Vec<f32> {
     let sh = cx.sh;
     let d = sh.d;
     let mut out = vec![0.0f32; sh.out_len];
@@ -449,9 +525,9 @@ trait Level: Simd + Send + Sync {
     /// Query rows per prefill block (rows sharing every K/V tile load).
     const BLOCK: usize;
     /// One block of `out.len() / d <= BLOCK` query rows (prefill path).
-    fn packed_block(self, cx: &Ctx<'_>, at: Block, out: &mut [f32], sc: &mut Scratch);
+    fn packed_block<E: Elem>(self, cx: &Ctx<'_, E>, at: Block, out: &mut [f32], sc: &mut Scratch);
     /// All rows of a kv head against a chunk of keys: records `(acc[d], m, l)` (direct path).
-    fn direct_task(self, cx: &Ctx<'_>, at: Chunk, out: &mut [f32], sc: &mut Scratch);
+    fn direct_task<E: Elem>(self, cx: &Ctx<'_, E>, at: Chunk, out: &mut [f32], sc: &mut Scratch);
 }
 
 /// The vector operations the kernels use.
@@ -469,6 +545,11 @@ trait Simd: Copy {
     unsafe fn load(p: *const f32) -> Self::V;
     /// Loads `n < LANES` values (zeros in the other lanes); reads nothing past `p + n`.
     unsafe fn load_part(p: *const f32, n: usize) -> Self::V;
+    /// Loads `LANES` F16 values (raw bits), widened to f32.
+    unsafe fn load_f16(p: *const u16) -> Self::V;
+    /// Loads `n < LANES` F16 values, widened (zeros in the other lanes); reads nothing past
+    /// `p + n`.
+    unsafe fn load_part_f16(p: *const u16, n: usize) -> Self::V;
     unsafe fn store(p: *mut f32, v: Self::V);
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
     unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
@@ -551,6 +632,15 @@ impl Simd for Scalar {
         *p
     }
     #[inline(always)]
+    unsafe fn load_f16(p: *const u16) -> f32 {
+        // SAFETY: the caller's contract (one valid value).
+        f16::from_bits(unsafe { p.read_unaligned() }).to_f32()
+    }
+    #[inline(always)]
+    unsafe fn load_part_f16(_p: *const u16, _n: usize) -> f32 {
+        0.0 // n < LANES = 1: no value
+    }
+    #[inline(always)]
     unsafe fn load_part(_p: *const f32, _n: usize) -> f32 {
         0.0 // n < 1
     }
@@ -609,13 +699,13 @@ const SCALAR_BLOCK: usize = 4;
 
 impl Level for Scalar {
     const BLOCK: usize = SCALAR_BLOCK;
-    fn packed_block(self, cx: &Ctx<'_>, at: Block, out: &mut [f32], sc: &mut Scratch) {
+    fn packed_block<E: Elem>(self, cx: &Ctx<'_, E>, at: Block, out: &mut [f32], sc: &mut Scratch) {
         // SAFETY: the scalar level needs no special instructions.
-        unsafe { packed_block::<Scalar, SCALAR_BLOCK, 4, 4>(cx, at, out, sc) }
+        unsafe { packed_block::<Scalar, E, SCALAR_BLOCK, 4, 4>(cx, at, out, sc) }
     }
-    fn direct_task(self, cx: &Ctx<'_>, at: Chunk, out: &mut [f32], sc: &mut Scratch) {
+    fn direct_task<E: Elem>(self, cx: &Ctx<'_, E>, at: Chunk, out: &mut [f32], sc: &mut Scratch) {
         // SAFETY: the scalar level needs no special instructions.
-        unsafe { direct_task::<Scalar, 4, 4>(cx, at, out, sc) }
+        unsafe { direct_task::<Scalar, E, 4, 4>(cx, at, out, sc) }
     }
 }
 
@@ -669,6 +759,17 @@ mod x86 {
             let m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), idx);
             // Masked-off lanes are not accessed (no fault past p + n).
             _mm256_maskload_ps(p, m)
+        }
+        #[inline(always)]
+        unsafe fn load_f16(p: *const u16) -> __m256 {
+            _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+        }
+        #[inline(always)]
+        unsafe fn load_part_f16(p: *const u16, n: usize) -> __m256 {
+            let mut buf = [0u16; 8];
+            // n < 8 values: copied, so nothing past p + n is read.
+            std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n);
+            _mm256_cvtph_ps(_mm_loadu_si128(buf.as_ptr().cast()))
         }
         #[inline(always)]
         unsafe fn store(p: *mut f32, v: __m256) {
@@ -765,6 +866,16 @@ mod x86 {
             _mm512_maskz_loadu_ps(((1u32 << n) - 1) as __mmask16, p)
         }
         #[inline(always)]
+        unsafe fn load_f16(p: *const u16) -> __m512 {
+            _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+        }
+        #[inline(always)]
+        unsafe fn load_part_f16(p: *const u16, n: usize) -> __m512 {
+            // Masked-off lanes are not accessed (AVX-512 BW + VL).
+            let m = ((1u32 << n) - 1) as __mmask16;
+            _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.cast()))
+        }
+        #[inline(always)]
         unsafe fn store(p: *mut f32, v: __m512) {
             _mm512_storeu_ps(p, v)
         }
@@ -842,27 +953,51 @@ mod x86 {
 
     impl Level for Avx2 {
         const BLOCK: usize = AVX2_BLOCK;
-        fn packed_block(self, cx: &Ctx<'_>, at: Block, out: &mut [f32], sc: &mut Scratch) {
+        fn packed_block<E: Elem>(
+            self,
+            cx: &Ctx<'_, E>,
+            at: Block,
+            out: &mut [f32],
+            sc: &mut Scratch,
+        ) {
             // SAFETY: an `Avx2` value exists only where AVX2, FMA and F16C were detected.
-            unsafe { packed_block_avx2(cx, at, out, sc) }
+            unsafe { packed_block_avx2::<E>(cx, at, out, sc) }
         }
-        fn direct_task(self, cx: &Ctx<'_>, at: Chunk, out: &mut [f32], sc: &mut Scratch) {
+        fn direct_task<E: Elem>(
+            self,
+            cx: &Ctx<'_, E>,
+            at: Chunk,
+            out: &mut [f32],
+            sc: &mut Scratch,
+        ) {
             // SAFETY: an `Avx2` value exists only where AVX2, FMA and F16C were detected.
-            unsafe { direct_task_avx2(cx, at, out, sc) }
+            unsafe { direct_task_avx2::<E>(cx, at, out, sc) }
         }
     }
 
     impl Level for Avx512 {
         const BLOCK: usize = AVX512_BLOCK;
-        fn packed_block(self, cx: &Ctx<'_>, at: Block, out: &mut [f32], sc: &mut Scratch) {
+        fn packed_block<E: Elem>(
+            self,
+            cx: &Ctx<'_, E>,
+            at: Block,
+            out: &mut [f32],
+            sc: &mut Scratch,
+        ) {
             // SAFETY: an `Avx512` value exists only where AVX-512 F/BW/VL, AVX2 and FMA were
             // detected.
-            unsafe { packed_block_avx512(cx, at, out, sc) }
+            unsafe { packed_block_avx512::<E>(cx, at, out, sc) }
         }
-        fn direct_task(self, cx: &Ctx<'_>, at: Chunk, out: &mut [f32], sc: &mut Scratch) {
+        fn direct_task<E: Elem>(
+            self,
+            cx: &Ctx<'_, E>,
+            at: Chunk,
+            out: &mut [f32],
+            sc: &mut Scratch,
+        ) {
             // SAFETY: an `Avx512` value exists only where AVX-512 F/BW/VL, AVX2 and FMA were
             // detected.
-            unsafe { direct_task_avx512(cx, at, out, sc) }
+            unsafe { direct_task_avx512::<E>(cx, at, out, sc) }
         }
     }
 
@@ -870,27 +1005,216 @@ mod x86 {
     // processor supports the enabled features.
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn packed_block_avx2(cx: &Ctx<'_>, at: Block, out: &mut [f32], sc: &mut Scratch) {
+    unsafe fn packed_block_avx2<E: Elem>(
+        cx: &Ctx<'_, E>,
+        at: Block,
+        out: &mut [f32],
+        sc: &mut Scratch,
+    ) {
         // SAFETY: AVX2 + FMA are enabled here and available (caller's contract).
-        unsafe { packed_block::<Avx2, AVX2_BLOCK, 2, 2>(cx, at, out, sc) }
+        unsafe { packed_block::<Avx2, E, AVX2_BLOCK, 2, 2>(cx, at, out, sc) }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn direct_task_avx2(cx: &Ctx<'_>, at: Chunk, out: &mut [f32], sc: &mut Scratch) {
+    unsafe fn direct_task_avx2<E: Elem>(
+        cx: &Ctx<'_, E>,
+        at: Chunk,
+        out: &mut [f32],
+        sc: &mut Scratch,
+    ) {
         // SAFETY: AVX2 + FMA are enabled here and available (caller's contract).
-        unsafe { direct_task::<Avx2, 4, 2>(cx, at, out, sc) }
+        unsafe { direct_task::<Avx2, E, 4, 2>(cx, at, out, sc) }
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    unsafe fn packed_block_avx512(cx: &Ctx<'_>, at: Block, out: &mut [f32], sc: &mut Scratch) {
+    unsafe fn packed_block_avx512<E: Elem>(
+        cx: &Ctx<'_, E>,
+        at: Block,
+        out: &mut [f32],
+        sc: &mut Scratch,
+    ) {
         // SAFETY: AVX-512 F/BW/VL are enabled here and available (caller's contract).
-        unsafe { packed_block::<Avx512, AVX512_BLOCK, 2, 2>(cx, at, out, sc) }
+        unsafe { packed_block::<Avx512, E, AVX512_BLOCK, 2, 2>(cx, at, out, sc) }
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    unsafe fn direct_task_avx512(cx: &Ctx<'_>, at: Chunk, out: &mut [f32], sc: &mut Scratch) {
+    unsafe fn direct_task_avx512<E: Elem>(
+        cx: &Ctx<'_, E>,
+        at: Chunk,
+        out: &mut [f32],
+        sc: &mut Scratch,
+    ) {
         // SAFETY: AVX-512 F/BW/VL are enabled here and available (caller's contract).
-        unsafe { direct_task::<Avx512, 4, 4>(cx, at, out, sc) }
+        unsafe { direct_task::<Avx512, E, 4, 4>(cx, at, out, sc) }
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod arm {
+    //! The NEON level (aarch64), 4 lanes. NEON is part of every aarch64 processor docent runs
+    //! on, but the token still comes from [`cpu::detect`] like the x86 ones.
+
+    use super::*;
+    use std::arch::aarch64::*;
+
+    /// NEON, 4 lanes.
+    #[derive(Debug, Clone, Copy)]
+    pub(super) struct Neon(());
+
+    impl Neon {
+        pub(super) fn token() -> Option<Neon> {
+            (cpu::detect() >= Isa::Neon).then_some(Neon(()))
+        }
+    }
+
+    impl Simd for Neon {
+        const LANES: usize = 4;
+        type V = float32x4_t;
+        #[inline(always)]
+        unsafe fn zero() -> float32x4_t {
+            vdupq_n_f32(0.0)
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> float32x4_t {
+            vdupq_n_f32(x)
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> float32x4_t {
+            vld1q_f32(p)
+        }
+        #[inline(always)]
+        unsafe fn load_part(p: *const f32, n: usize) -> float32x4_t {
+            let mut buf = [0f32; 4];
+            // n < 4 values: copied, so nothing past p + n is read.
+            std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n);
+            vld1q_f32(buf.as_ptr())
+        }
+        #[inline(always)]
+        unsafe fn load_f16(p: *const u16) -> float32x4_t {
+            crate::matmul::neon::f16x4(vld1_u16(p))
+        }
+        #[inline(always)]
+        unsafe fn load_part_f16(p: *const u16, n: usize) -> float32x4_t {
+            let mut buf = [0u16; 4];
+            // n < 4 values: copied, so nothing past p + n is read.
+            std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n);
+            crate::matmul::neon::f16x4(vld1_u16(buf.as_ptr()))
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: float32x4_t) {
+            vst1q_f32(p, v)
+        }
+        #[inline(always)]
+        unsafe fn add(a: float32x4_t, b: float32x4_t) -> float32x4_t {
+            vaddq_f32(a, b)
+        }
+        #[inline(always)]
+        unsafe fn sub(a: float32x4_t, b: float32x4_t) -> float32x4_t {
+            vsubq_f32(a, b)
+        }
+        #[inline(always)]
+        unsafe fn mul(a: float32x4_t, b: float32x4_t) -> float32x4_t {
+            vmulq_f32(a, b)
+        }
+        #[inline(always)]
+        unsafe fn div(a: float32x4_t, b: float32x4_t) -> float32x4_t {
+            vdivq_f32(a, b)
+        }
+        #[inline(always)]
+        unsafe fn max(a: float32x4_t, b: float32x4_t) -> float32x4_t {
+            vmaxq_f32(a, b)
+        }
+        #[inline(always)]
+        unsafe fn fma(a: float32x4_t, b: float32x4_t, c: float32x4_t) -> float32x4_t {
+            vfmaq_f32(c, a, b)
+        }
+        #[inline(always)]
+        unsafe fn abs(a: float32x4_t) -> float32x4_t {
+            vabsq_f32(a)
+        }
+        #[inline(always)]
+        unsafe fn with_sign(mag: float32x4_t, sign: float32x4_t) -> float32x4_t {
+            // The sign bit from `sign`, every other bit from `mag`.
+            vbslq_f32(vdupq_n_u32(0x8000_0000), sign, mag)
+        }
+        #[inline(always)]
+        unsafe fn hsum(a: float32x4_t) -> f32 {
+            vaddvq_f32(a)
+        }
+        #[inline(always)]
+        unsafe fn hmax(a: float32x4_t) -> f32 {
+            vmaxvq_f32(a)
+        }
+        #[inline(always)]
+        unsafe fn exp(x: float32x4_t) -> float32x4_t {
+            let lo = vdupq_n_f32(EXP_LO);
+            // False for NaN and below EXP_LO: those lanes give 0.
+            let valid = vcgeq_f32(x, lo);
+            let x = vminq_f32(vmaxq_f32(x, lo), vdupq_n_f32(EXP_HI));
+            // Round to nearest, ties to even.
+            let n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(std::f32::consts::LOG2_E)));
+            let r = vfmsq_f32(x, n, vdupq_n_f32(LN2_HI));
+            let r = vfmsq_f32(r, n, vdupq_n_f32(LN2_LO));
+            let mut y = vdupq_n_f32(EXP_P[0]);
+            for &c in &EXP_P[1..] {
+                y = vfmaq_f32(vdupq_n_f32(c), y, r);
+            }
+            let y = vaddq_f32(vfmaq_f32(r, y, vmulq_f32(r, r)), vdupq_n_f32(1.0));
+            let pow = vshlq_n_s32::<23>(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)));
+            let e = vmulq_f32(y, vreinterpretq_f32_s32(pow));
+            vreinterpretq_f32_u32(vandq_u32(valid, vreinterpretq_u32_f32(e)))
+        }
+    }
+
+    /// Prefill block rows: 32 registers, 8 rows × 2 vectors of accumulators.
+    const NEON_BLOCK: usize = 8;
+
+    impl Level for Neon {
+        const BLOCK: usize = NEON_BLOCK;
+        fn packed_block<E: Elem>(
+            self,
+            cx: &Ctx<'_, E>,
+            at: Block,
+            out: &mut [f32],
+            sc: &mut Scratch,
+        ) {
+            // SAFETY: a `Neon` value exists only where NEON was detected.
+            unsafe { packed_block_neon::<E>(cx, at, out, sc) }
+        }
+        fn direct_task<E: Elem>(
+            self,
+            cx: &Ctx<'_, E>,
+            at: Chunk,
+            out: &mut [f32],
+            sc: &mut Scratch,
+        ) {
+            // SAFETY: a `Neon` value exists only where NEON was detected.
+            unsafe { direct_task_neon::<E>(cx, at, out, sc) }
+        }
+    }
+
+    // The entry points: the generic kernels compiled for NEON. Safety: the processor has it.
+
+    #[target_feature(enable = "neon")]
+    unsafe fn packed_block_neon<E: Elem>(
+        cx: &Ctx<'_, E>,
+        at: Block,
+        out: &mut [f32],
+        sc: &mut Scratch,
+    ) {
+        // SAFETY: NEON is enabled here and available (caller's contract).
+        unsafe { packed_block::<Neon, E, NEON_BLOCK, 2, 2>(cx, at, out, sc) }
+    }
+
+    #[target_feature(enable = "neon")]
+    unsafe fn direct_task_neon<E: Elem>(
+        cx: &Ctx<'_, E>,
+        at: Chunk,
+        out: &mut [f32],
+        sc: &mut Scratch,
+    ) {
+        // SAFETY: NEON is enabled here and available (caller's contract).
+        unsafe { direct_task::<Neon, E, 4, 4>(cx, at, out, sc) }
     }
 }
 
@@ -931,13 +1255,13 @@ impl Scratch {
 
 /// Rows of K or V for one (batch, kv head): key `j` at `data[base + j * stride..][..d]`.
 #[derive(Clone, Copy)]
-struct Rows<'a> {
-    data: &'a [f32],
+struct Rows<'a, E> {
+    data: &'a [E],
     base: usize,
     stride: usize,
 }
 
-impl Rows<'_> {
+impl<E> Rows<'_, E> {
     /// Whether keys `jl..jh` (relative to `base`) lie inside `data`, `d` values each.
     fn holds(&self, jl: usize, jh: usize, d: usize) -> bool {
         jl >= jh || self.base + (jh - 1) * self.stride + d <= self.data.len()
@@ -965,8 +1289,8 @@ impl<const R: usize> RowState<R> {
 ///
 /// `S`'s instruction set is available.
 #[inline(always)]
-unsafe fn packed_block<S: Simd, const R: usize, const NQ: usize, const NP: usize>(
-    cx: &Ctx<'_>,
+unsafe fn packed_block<S: Simd, E: Elem, const R: usize, const NQ: usize, const NP: usize>(
+    cx: &Ctx<'_, E>,
     Block { b, h, i0 }: Block,
     out: &mut [f32],
     sc: &mut Scratch,
@@ -1008,7 +1332,7 @@ unsafe fn packed_block<S: Simd, const R: usize, const NQ: usize, const NP: usize
             // SAFETY: the caller guarantees S's instruction set.
             unsafe {
                 qk_packed::<S, R, NQ>(qs, d, &kt[t * tile..][..tile], &mut s);
-                tile_update::<S, R, NP>(cx, &mut s, &loc, &pos, j0, &mut st, acc, dp, v);
+                tile_update::<S, E, R, NP>(cx, &mut s, &loc, &pos, j0, &mut st, acc, dp, v);
             }
         }
     }
@@ -1036,8 +1360,8 @@ fn finish_row(o: &mut [f32], acc: &[f32], l: f32) {
 ///
 /// `S`'s instruction set is available.
 #[inline(always)]
-unsafe fn direct_task<S: Simd, const R: usize, const NP: usize>(
-    cx: &Ctx<'_>,
+unsafe fn direct_task<S: Simd, E: Elem, const R: usize, const NP: usize>(
+    cx: &Ctx<'_, E>,
     Chunk { b, kh, c0, c1 }: Chunk,
     out: &mut [f32],
     sc: &mut Scratch,
@@ -1087,8 +1411,8 @@ unsafe fn direct_task<S: Simd, const R: usize, const NP: usize>(
                 };
                 // SAFETY: the caller guarantees S's instruction set.
                 unsafe {
-                    qk_direct::<S, R>(qs, dp, kt, d, jl, jh, &mut s);
-                    tile_update::<S, R, NP>(cx, &mut s, &loc, &pos, j0, &mut st, acc, dp, v);
+                    qk_direct::<S, E, R>(qs, dp, kt, d, jl, jh, &mut s);
+                    tile_update::<S, E, R, NP>(cx, &mut s, &loc, &pos, j0, &mut st, acc, dp, v);
                 }
             }
             j0 = j1;
@@ -1155,10 +1479,10 @@ unsafe fn qk_packed<S: Simd, const R: usize, const NQ: usize>(
 /// `S`'s instruction set is available.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
-unsafe fn qk_direct<S: Simd, const R: usize>(
+unsafe fn qk_direct<S: Simd, E: Elem, const R: usize>(
     qs: &[f32],
     dp: usize,
-    k: Rows<'_>,
+    k: Rows<'_, E>,
     d: usize,
     jl: usize,
     jh: usize,
@@ -1178,13 +1502,13 @@ unsafe fn qk_direct<S: Simd, const R: usize>(
             let kp = k.data.as_ptr().add(k.base + j * k.stride);
             let mut acc = [S::zero(); R];
             for c in 0..full {
-                let kv = S::load(kp.add(c * l));
+                let kv = E::load::<S>(kp.add(c * l));
                 for r in 0..R {
                     acc[r] = S::fma(S::load(qp.add(r * dp + c * l)), kv, acc[r]);
                 }
             }
             if rem > 0 {
-                let kv = S::load_part(kp.add(full * l), rem);
+                let kv = E::load_part::<S>(kp.add(full * l), rem);
                 for r in 0..R {
                     acc[r] = S::fma(S::load(qp.add(r * dp + full * l)), kv, acc[r]);
                 }
@@ -1205,8 +1529,8 @@ unsafe fn qk_direct<S: Simd, const R: usize>(
 /// `S`'s instruction set is available.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile_update<S: Simd, const R: usize, const NP: usize>(
-    cx: &Ctx<'_>,
+unsafe fn tile_update<S: Simd, E: Elem, const R: usize, const NP: usize>(
+    cx: &Ctx<'_, E>,
     s: &mut [[f32; BC]; R],
     loc: &[Span; R],
     pos: &[usize; R],
@@ -1214,7 +1538,7 @@ unsafe fn tile_update<S: Simd, const R: usize, const NP: usize>(
     st: &mut RowState<R>,
     acc: &mut [f32],
     dp: usize,
-    v: Rows<'_>,
+    v: Rows<'_, E>,
 ) {
     let kv_len = cx.sh.kv_len;
     let (mut jmin, mut jmax) = (BC, 0);
@@ -1270,7 +1594,7 @@ unsafe fn tile_update<S: Simd, const R: usize, const NP: usize>(
             ..v
         };
         // SAFETY: S's instruction set is available (caller).
-        unsafe { pv::<S, R, NP>(s, jmin, jmax, vt, cx.sh.d, acc, dp) };
+        unsafe { pv::<S, E, R, NP>(s, jmin, jmax, vt, cx.sh.d, acc, dp) };
     }
 }
 
@@ -1335,11 +1659,11 @@ unsafe fn row_exp<S: Simd>(row: &mut [f32; BC], m: f32) -> f32 {
 ///
 /// `S`'s instruction set is available.
 #[inline(always)]
-unsafe fn pv<S: Simd, const R: usize, const NP: usize>(
+unsafe fn pv<S: Simd, E: Elem, const R: usize, const NP: usize>(
     p: &[[f32; BC]; R],
     jl: usize,
     jh: usize,
-    v: Rows<'_>,
+    v: Rows<'_, E>,
     d: usize,
     acc: &mut [f32],
     dp: usize,
@@ -1352,15 +1676,15 @@ unsafe fn pv<S: Simd, const R: usize, const NP: usize>(
     unsafe {
         let mut c = 0;
         while c + NP <= full {
-            pv_cols::<S, R, NP, false>(p, jl, jh, v, c * l, 0, acc, dp);
+            pv_cols::<S, E, R, NP, false>(p, jl, jh, v, c * l, 0, acc, dp);
             c += NP;
         }
         while c < full {
-            pv_cols::<S, R, 1, false>(p, jl, jh, v, c * l, 0, acc, dp);
+            pv_cols::<S, E, R, 1, false>(p, jl, jh, v, c * l, 0, acc, dp);
             c += 1;
         }
         if rem > 0 {
-            pv_cols::<S, R, 1, true>(p, jl, jh, v, c * l, rem, acc, dp);
+            pv_cols::<S, E, R, 1, true>(p, jl, jh, v, c * l, rem, acc, dp);
         }
     }
 }
@@ -1373,11 +1697,11 @@ unsafe fn pv<S: Simd, const R: usize, const NP: usize>(
 /// (`off + (NV-1)·LANES + rem == d` when `PART`); the `pv` asserts hold.
 #[inline(always)]
 #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
-unsafe fn pv_cols<S: Simd, const R: usize, const NV: usize, const PART: bool>(
+unsafe fn pv_cols<S: Simd, E: Elem, const R: usize, const NV: usize, const PART: bool>(
     p: &[[f32; BC]; R],
     jl: usize,
     jh: usize,
-    v: Rows<'_>,
+    v: Rows<'_, E>,
     off: usize,
     rem: usize,
     acc: &mut [f32],
@@ -1399,9 +1723,9 @@ unsafe fn pv_cols<S: Simd, const R: usize, const NV: usize, const PART: bool>(
             let mut vv = [S::zero(); NV];
             for u in 0..NV {
                 vv[u] = if PART && u + 1 == NV {
-                    S::load_part(vp.add(u * l), rem)
+                    E::load_part::<S>(vp.add(u * l), rem)
                 } else {
-                    S::load(vp.add(u * l))
+                    E::load::<S>(vp.add(u * l))
                 };
             }
             for r in 0..R {
@@ -1424,6 +1748,15 @@ unsafe fn pv_cols<S: Simd, const R: usize, const NV: usize, const PART: bool>(
 /// same semantics as [`attention`] (keys with a non-finite mask value are invisible; a query
 /// that sees no key gets zeros).
 pub fn attention_reference(args: &AttentionArgs<'_>) -> Option<Vec<f32>> {
+    reference(args)
+}
+
+/// [`attention_reference`] over an F16 KV cache (each key and value widened exactly).
+pub fn attention_f16_reference(args: &AttentionArgs<'_, f16>) -> Option<Vec<f32>> {
+    reference(args)
+}
+
+fn reference<E: Elem>(args: &AttentionArgs<'_, E>) -> Option<Vec<f32>> {
     let sh = Shape::new(args)?;
     let a = args;
     let d = sh.d;
@@ -1437,7 +1770,11 @@ pub fn attention_reference(args: &AttentionArgs<'_>) -> Option<Vec<f32>> {
                 let q = &a.q[idx(a.q_strides, b, i, h)..][..d];
                 for (j, sc) in scores.iter_mut().enumerate() {
                     let k = &a.k[idx(a.k_strides, b, j, kh)..][..d];
-                    let dot: f64 = q.iter().zip(k).map(|(&x, &y)| x as f64 * y as f64).sum();
+                    let dot: f64 = q
+                        .iter()
+                        .zip(k)
+                        .map(|(&x, &y)| x as f64 * y.to_f32() as f64)
+                        .sum();
                     let mut x = dot * a.scale as f64;
                     if a.softcap != 0.0 {
                         let c = a.softcap as f64;
@@ -1464,7 +1801,7 @@ pub fn attention_reference(args: &AttentionArgs<'_>) -> Option<Vec<f32>> {
                     sum += w;
                     let v = &a.v[idx(a.v_strides, b, j, kh)..][..d];
                     for (x, &y) in o.iter_mut().zip(v) {
-                        *x += w * y as f64;
+                        *x += w * y.to_f32() as f64;
                     }
                 }
                 let dst = &mut out[((b * sh.n_heads + h) * sh.q_len + i) * d..][..d];
@@ -1747,6 +2084,83 @@ mod tests {
         want
     }
 
+    /// The F16 KV path on one case: every level and plan against the F16 reference (keys and
+    /// values widened exactly), and the F16 reference near the f32 one (F16 rounding only).
+    fn check_f16(c: &Case) {
+        let x = build(c);
+        let to16 = |v: &[f32]| v.iter().map(|&y| f16::from_f32(y)).collect::<Vec<f16>>();
+        let (k16, v16) = (to16(&x.k), to16(&x.v));
+        let a32 = args(c, &x);
+        let a = AttentionArgs::<'_, f16> {
+            q: a32.q,
+            k: &k16,
+            v: &v16,
+            q_strides: a32.q_strides,
+            k_strides: a32.k_strides,
+            v_strides: a32.v_strides,
+            batch: a32.batch,
+            q_len: a32.q_len,
+            kv_len: a32.kv_len,
+            n_heads: a32.n_heads,
+            n_kv_heads: a32.n_kv_heads,
+            head_dim: a32.head_dim,
+            scale: a32.scale,
+            softcap: a32.softcap,
+            mask: a32.mask,
+        };
+        let want = attention_f16_reference(&a).expect("valid arguments");
+        let want32 = attention_reference(&a32).expect("valid arguments");
+        let mag = want.iter().fold(1.0f32, |m, y| m.max(y.abs()));
+        let near = want
+            .iter()
+            .zip(&want32)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(
+            near <= 1e-2 * mag,
+            "{c:?}: F16 reference off the f32 one by {near}"
+        );
+        for isa in Isa::available() {
+            for plan in PLANS {
+                let got = attention_planned(isa, &a, plan).expect("valid arguments");
+                assert_eq!(got.len(), want.len());
+                let worst = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(g, w)| {
+                        if g.is_finite() {
+                            (g - w).abs()
+                        } else {
+                            f32::INFINITY
+                        }
+                    })
+                    .fold(0.0f32, f32::max);
+                assert!(
+                    worst <= 1e-5 * mag,
+                    "{c:?} {isa:?} {plan:?}: max error {worst}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn f16_kv_matches_the_reference_on_random_shapes() {
+        let mut rng = Rng(7);
+        for (q_len, kv_len) in [(1, 1), (1, 300), (3, 129), (8, 8), (37, 100), (70, 200)] {
+            for d in [64, 20, 9] {
+                let heads = [(1, 1), (4, 2), (9, 3)][rng.below(3)];
+                let c = Case {
+                    pad: rng.below(3),
+                    layouts: [Layout::Bshd, Layout::Bhsd, Layout::Bshd],
+                    seed: rng.next(),
+                    ..Case::new(1 + rng.below(2), q_len, kv_len, heads, d)
+                };
+                check_f16(&c);
+                check_f16(&c.mask(Mask::CausalBiased));
+            }
+        }
+    }
+
     #[test]
     fn attention_vector_exp_matches_std() {
         let mut xs: Vec<f32> = (0..=200_000)
@@ -1826,6 +2240,16 @@ mod tests {
                     unsafe { go::<x86::Avx2>(xs, t) }
                 }
                 // SAFETY: the token exists, so AVX2 + FMA are available.
+                unsafe { f(xs, tanh) }
+            }
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon if arm::Neon::token().is_some() => {
+                #[target_feature(enable = "neon")]
+                unsafe fn f(xs: &[f32], t: bool) -> Vec<f32> {
+                    // SAFETY: enabled here, available per the token checked by the caller.
+                    unsafe { go::<arm::Neon>(xs, t) }
+                }
+                // SAFETY: the token exists, so NEON is available.
                 unsafe { f(xs, tanh) }
             }
             // SAFETY: the scalar level needs nothing.

@@ -1,10 +1,11 @@
 //! docent's CPU kernels for generation.
 //!
 //! What it is for: the arithmetic of a transformer forward pass on the CPU, fast on any x86-64
-//! (and correct everywhere): matrix products against weights in GGML block formats
+//! and aarch64 (and correct everywhere): matrix products against weights in GGML block formats
 //! ([`matmul`]), and causal scaled dot-product attention with an online softmax
 //! ([`attention`]). The instruction set is chosen at run time ([`cpu::Isa`]), never at build
-//! time, so one binary runs on AVX-512, AVX2+FMA and older machines alike.
+//! time, so one binary runs on AVX-512, AVX2+FMA and older machines alike (and one aarch64
+//! binary uses NEON, with `sdot` where the processor has dotprod).
 //!
 //! What it is not for: model structure, caches or scheduling. mistral.rs calls these kernels
 //! through the hooks in `vendor/mistralrs-quant/src/cpu_hooks.rs`, which docent registers at

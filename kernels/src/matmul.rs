@@ -17,7 +17,9 @@
 //! - The output is written once, without zero-filling it first.
 //!
 //! Every format has a plain scalar micro-kernel computing the same integer sums; the AVX2
-//! kernels (also used on AVX-512 machines) are chosen at run time. [`matmul_reference`]
+//! kernels (also used on AVX-512 machines for the K formats), the AVX-512 kernels and, on
+//! aarch64, the NEON kernels (with `sdot` where the processor has dotprod) are chosen at run
+//! time. [`matmul_reference`]
 //! dequantises each weight row to f32 and is what the tests compare against.
 
 use std::cell::RefCell;
@@ -39,6 +41,7 @@ pub struct WeightView<'a> {
 /// Activation rows per micro-kernel call in prefill.
 pub const R: usize = 8;
 /// Activation rows per AVX2 micro-kernel call (16 vector registers; AVX-512 takes all [`R`]).
+#[cfg(target_arch = "x86_64")]
 const R_AVX2: usize = 4;
 /// Bytes of weights one prefill task keeps hot (its rows are re-read for every R activation
 /// rows).
@@ -288,6 +291,22 @@ fn dot_rows(
         }
         return;
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa >= Isa::Neon {
+        // SAFETY: the caller capped `isa` at what the processor supports, so NEON is present
+        // (`neon::dot_rows` checks dotprod itself); the slices were checked to hold `cols`
+        // elements.
+        unsafe {
+            if n == 1 {
+                let mut one = [0f32; 1];
+                neon::dot_rows(format, w, cols, &[acts[0]], &mut one);
+                out[0] = one[0];
+            } else {
+                neon::dot_rows(format, w, cols, acts, out);
+            }
+        }
+        return;
+    }
     let _ = isa;
     for r in 0..n {
         out[r] = scalar::dot(format, w, cols, acts[r]);
@@ -300,6 +319,11 @@ pub(crate) fn quantize_block(isa: Isa, x: &[f32], q: &mut [i8]) -> (f32, i32) {
     if isa >= Isa::Avx2 && x.len().is_multiple_of(32) && q.len() == x.len() {
         // SAFETY: AVX2 is present (isa was capped by the caller); lengths checked above.
         return unsafe { avx2::quantize_block(x, q) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa >= Isa::Neon && x.len().is_multiple_of(16) && q.len() == x.len() {
+        // SAFETY: NEON is present (isa was capped by the caller); lengths checked above.
+        return unsafe { neon::quantize_block(x, q) };
     }
     let _ = isa;
     crate::quant::quantize_block_scalar(x, q)
@@ -1050,6 +1074,544 @@ mod avx512 {
                             got[r]
                         );
                     }
+                }
+            }
+        }
+    }
+}
+
+/// NEON kernels (aarch64), 4 lanes: every format. The integer dot products use `sdot` (the
+/// dotprod extension) where the processor has it, else widening multiplies (`smull`) and
+/// pairwise accumulation (`sadalp`); both variants compute the same integer sums as the scalar
+/// kernels. F16 weights are widened with `fcvtl` (base ARMv8, no FP16 extension needed).
+#[cfg(target_arch = "aarch64")]
+#[allow(clippy::needless_range_loop)] // lanes and rows indexed side by side
+pub(crate) mod neon {
+    use std::arch::aarch64::*;
+    use std::arch::asm;
+
+    use super::{Act, Format};
+
+    /// Σ a·b over 16 byte pairs, added to the four i32 lanes of `acc` (which lane gets which
+    /// pair is unspecified: callers only use the sum of the lanes). One of `a`, `b` must lie in
+    /// -127..=127 (the activations do), so that two products fit an i16.
+    pub(super) trait Dot {
+        unsafe fn dot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t;
+    }
+
+    /// `sdot` (dotprod extension): only instantiated in functions compiled with `dotprod`.
+    pub(super) struct Sdot;
+
+    /// Baseline NEON: `smull` + `smlal2` (two products per i16 lane) then `sadalp`.
+    pub(super) struct Smull;
+
+    impl Dot for Sdot {
+        #[inline(always)]
+        unsafe fn dot(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+            // SAFETY: register-only; the enclosing function enables dotprod, which the
+            // dispatch checked.
+            unsafe {
+                asm!(
+                    "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
+                    acc = inout(vreg) acc,
+                    a = in(vreg) a,
+                    b = in(vreg) b,
+                    options(pure, nomem, nostack, preserves_flags)
+                );
+            }
+            acc
+        }
+    }
+
+    impl Dot for Smull {
+        #[inline(always)]
+        unsafe fn dot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+            // |a·b| <= 128·127 per product, so two of them fit an i16.
+            let p = vmull_s8(vget_low_s8(a), vget_low_s8(b));
+            let p = vmlal_high_s8(p, a, b);
+            vpadalq_s16(acc, p)
+        }
+    }
+
+    /// Four F16 values (raw bits) widened to f32.
+    #[inline(always)]
+    pub(crate) unsafe fn f16x4(h: uint16x4_t) -> float32x4_t {
+        let f: float32x4_t;
+        // SAFETY: register-only; fcvtl from halves is base ARMv8 AdvSIMD.
+        unsafe {
+            asm!(
+                "fcvtl {f:v}.4s, {h:v}.4h",
+                f = out(vreg) f,
+                h = in(vreg) h,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        f
+    }
+
+    /// Eight F16 values (raw bits) widened to f32: lanes 0..4 and 4..8.
+    #[inline(always)]
+    unsafe fn f16x8(h: uint16x8_t) -> (float32x4_t, float32x4_t) {
+        let (lo, hi): (float32x4_t, float32x4_t);
+        // SAFETY: register-only; `out` registers never share the input's register.
+        unsafe {
+            asm!(
+                "fcvtl {lo:v}.4s, {h:v}.4h",
+                "fcvtl2 {hi:v}.4s, {h:v}.8h",
+                lo = out(vreg) lo,
+                hi = out(vreg) hi,
+                h = in(vreg) h,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        (lo, hi)
+    }
+
+    /// One F16 value at `p` (any alignment).
+    #[inline(always)]
+    unsafe fn f16(p: *const u8) -> f32 {
+        vgetq_lane_f32::<0>(f16x4(vld1_dup_u16(p as *const u16)))
+    }
+
+    /// 16 bytes of nibbles → elements 0..16 (low nibbles) and 16..32 (high nibbles).
+    #[inline(always)]
+    unsafe fn nibbles(p: *const u8) -> (int8x16_t, int8x16_t) {
+        let v = vld1q_u8(p);
+        (
+            vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0F))),
+            vreinterpretq_s8_u8(vshrq_n_u8::<4>(v)),
+        )
+    }
+
+    /// Bit i of `qh` → 0x10 in byte i (elements 0..16 and 16..32), else 0.
+    #[inline(always)]
+    unsafe fn high_bits(qh: u32) -> (int8x16_t, int8x16_t) {
+        const IDX: [u8; 32] = [
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, //
+            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+        ];
+        const BIT: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+        let q = vreinterpretq_u8_u32(vdupq_n_u32(qh));
+        let bit = vld1q_u8(BIT.as_ptr());
+        let h = vdupq_n_u8(0x10);
+        let spread = |idx: *const u8| {
+            let t = vqtbl1q_u8(q, vld1q_u8(idx));
+            vreinterpretq_s8_u8(vandq_u8(vtstq_u8(t, bit), h))
+        };
+        (spread(IDX.as_ptr()), spread(IDX.as_ptr().add(16)))
+    }
+
+    #[target_feature(enable = "neon")]
+    pub(super) unsafe fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+        let n = x.len();
+        let xp = x.as_ptr();
+        // maxnm ignores NaN, as f32::max in the scalar reference.
+        let mut amax = vdupq_n_f32(0.0);
+        for c in (0..n).step_by(4) {
+            amax = vmaxnmq_f32(amax, vabsq_f32(vld1q_f32(xp.add(c))));
+        }
+        let amax = vmaxnmvq_f32(amax);
+        let d = amax / 127.0;
+        let id = vdupq_n_f32(if d > 0.0 { 1.0 / d } else { 0.0 });
+        let (lim, nlim) = (vdupq_n_s32(127), vdupq_n_s32(-127));
+        let mut sum = vdupq_n_s32(0);
+        for c in (0..n).step_by(16) {
+            let mut v = [vdupq_n_s32(0); 4];
+            for (k, v) in v.iter_mut().enumerate() {
+                // Round to nearest, ties to even, as the scalar reference.
+                let r = vcvtnq_s32_f32(vmulq_f32(vld1q_f32(xp.add(c + 4 * k)), id));
+                *v = vmaxq_s32(vminq_s32(r, lim), nlim);
+                sum = vaddq_s32(sum, *v);
+            }
+            let a = vcombine_s16(vmovn_s32(v[0]), vmovn_s32(v[1]));
+            let b = vcombine_s16(vmovn_s32(v[2]), vmovn_s32(v[3]));
+            vst1q_s8(
+                q.as_mut_ptr().add(c),
+                vcombine_s8(vmovn_s16(a), vmovn_s16(b)),
+            );
+        }
+        (d, vaddvq_s32(sum))
+    }
+
+    /// Whether the `sdot` variant runs (the processor has dotprod).
+    fn dotprod() -> bool {
+        crate::cpu::has_dotprod()
+    }
+
+    /// # Safety
+    /// NEON must be present; `w` and the activations must hold `cols` elements.
+    pub(super) unsafe fn dot_rows<const R: usize>(
+        format: Format,
+        w: &[u8],
+        cols: usize,
+        acts: &[Act<'_>; R],
+        out: &mut [f32; R],
+    ) {
+        match format {
+            Format::F32 | Format::F16 => dot_float(format == Format::F16, w, cols, acts, out),
+            _ if dotprod() => dot_rows_sdot(format, w, cols, acts, out),
+            _ => dot_rows_smull(format, w, cols, acts, out),
+        }
+    }
+
+    #[target_feature(enable = "neon,dotprod")]
+    pub(super) unsafe fn dot_rows_sdot<const R: usize>(
+        format: Format,
+        w: &[u8],
+        cols: usize,
+        acts: &[Act<'_>; R],
+        out: &mut [f32; R],
+    ) {
+        dot_int::<Sdot, R>(format, w, cols, acts, out)
+    }
+
+    #[target_feature(enable = "neon")]
+    pub(super) unsafe fn dot_rows_smull<const R: usize>(
+        format: Format,
+        w: &[u8],
+        cols: usize,
+        acts: &[Act<'_>; R],
+        out: &mut [f32; R],
+    ) {
+        dot_int::<Smull, R>(format, w, cols, acts, out)
+    }
+
+    #[inline(always)]
+    unsafe fn dot_int<D: Dot, const R: usize>(
+        format: Format,
+        w: &[u8],
+        cols: usize,
+        acts: &[Act<'_>; R],
+        out: &mut [f32; R],
+    ) {
+        match format {
+            Format::Q4K => dot_q4k::<D, R>(w, cols, acts, out),
+            Format::Q6K => dot_q6k::<D, R>(w, cols, acts, out),
+            _ => dot_q32::<D, R>(format, w, cols, acts, out),
+        }
+    }
+
+    /// F32 or F16 weights against R f32 rows, 8 columns a step.
+    #[target_feature(enable = "neon")]
+    unsafe fn dot_float<const R: usize>(
+        f16w: bool,
+        w: &[u8],
+        cols: usize,
+        acts: &[Act<'_>; R],
+        out: &mut [f32; R],
+    ) {
+        let x: [*const f32; R] = std::array::from_fn(|r| acts[r].floats().as_ptr());
+        let wp = w.as_ptr();
+        let mut acc = [[vdupq_n_f32(0.0); 2]; R];
+        let mut i = 0;
+        while i + 8 <= cols {
+            let (w0, w1) = if f16w {
+                f16x8(vld1q_u16(wp.add(2 * i) as *const u16))
+            } else {
+                let p = wp.add(4 * i) as *const f32;
+                (vld1q_f32(p), vld1q_f32(p.add(4)))
+            };
+            for r in 0..R {
+                acc[r][0] = vfmaq_f32(acc[r][0], w0, vld1q_f32(x[r].add(i)));
+                acc[r][1] = vfmaq_f32(acc[r][1], w1, vld1q_f32(x[r].add(i + 4)));
+            }
+            i += 8;
+        }
+        for r in 0..R {
+            let mut s = vaddvq_f32(vaddq_f32(acc[r][0], acc[r][1]));
+            for t in i..cols {
+                let wv = if f16w {
+                    half::f16::from_bits((wp.add(2 * t) as *const u16).read_unaligned()).to_f32()
+                } else {
+                    (wp.add(4 * t) as *const f32).read_unaligned()
+                };
+                s += wv * *x[r].add(t);
+            }
+            out[r] = s;
+        }
+    }
+
+    /// The 32-element formats against R rows of 8-bit activations: per block, Σ q·y in i32
+    /// lanes, scaled by d_w·d_y into f32 lanes; the offsets (Q4_0/Q4_1/Q5_0) from Σy.
+    #[inline(always)]
+    unsafe fn dot_q32<D: Dot, const R: usize>(
+        format: Format,
+        w: &[u8],
+        cols: usize,
+        acts: &[Act<'_>; R],
+        out: &mut [f32; R],
+    ) {
+        let mut qs = [std::ptr::null::<i8>(); R];
+        let mut ds = [std::ptr::null::<f32>(); R];
+        let mut ss = [std::ptr::null::<f32>(); R];
+        for r in 0..R {
+            let (q, d, s, _) = acts[r].q8();
+            qs[r] = q.as_ptr();
+            ds[r] = d.as_ptr();
+            ss[r] = s.as_ptr();
+        }
+        let bb = format.block_bytes();
+        let nb = cols / 32;
+        let mut acc = [vdupq_n_f32(0.0); R];
+        let mut off = [0f32; R];
+        let wp = w.as_ptr();
+        for b in 0..nb {
+            let blk = wp.add(b * bb);
+            let dw = f16(blk);
+            // The block's 32 values (signed for Q8_0, 0..15 or 0..31 otherwise) and the
+            // constant it adds per unit of Σy.
+            let (w0, w1, k) = match format {
+                Format::Q8_0 => {
+                    let q = blk.add(2) as *const i8;
+                    (vld1q_s8(q), vld1q_s8(q.add(16)), 0.0)
+                }
+                Format::Q4_0 => {
+                    let (lo, hi) = nibbles(blk.add(2));
+                    (lo, hi, -8.0 * dw)
+                }
+                Format::Q4_1 => {
+                    let (lo, hi) = nibbles(blk.add(4));
+                    (lo, hi, f16(blk.add(2)))
+                }
+                _ => {
+                    let (lo, hi) = nibbles(blk.add(6));
+                    let (h0, h1) = high_bits((blk.add(2) as *const u32).read_unaligned());
+                    (vorrq_s8(lo, h0), vorrq_s8(hi, h1), -16.0 * dw)
+                }
+            };
+            for r in 0..R {
+                let y = qs[r].add(32 * b);
+                let p = D::dot(vdupq_n_s32(0), w0, vld1q_s8(y));
+                let p = D::dot(p, w1, vld1q_s8(y.add(16)));
+                acc[r] = vfmaq_n_f32(acc[r], vcvtq_f32_s32(p), dw * *ds[r].add(b));
+                off[r] += k * *ss[r].add(b);
+            }
+        }
+        for r in 0..R {
+            out[r] = vaddvq_f32(acc[r]) + off[r];
+        }
+    }
+
+    #[inline(always)]
+    fn q8k(act: &Act<'_>) -> (*const i8, *const f32, *const i16) {
+        let (qs, d, bsums) = act.q8k();
+        (qs.as_ptr(), d.as_ptr(), bsums.as_ptr())
+    }
+
+    #[inline(always)]
+    unsafe fn dot_q4k<D: Dot, const R: usize>(
+        w: &[u8],
+        cols: usize,
+        acts: &[Act<'_>; R],
+        out: &mut [f32; R],
+    ) {
+        let a: [_; R] = std::array::from_fn(|r| q8k(&acts[r]));
+        let nb = cols / 256;
+        let mut acc = [0f32; R];
+        let m4 = vdupq_n_u8(0x0F);
+        for b in 0..nb {
+            let blk = w.as_ptr().add(b * 144);
+            let dw = f16(blk);
+            let dmin = f16(blk.add(2));
+            let sc_bytes = std::slice::from_raw_parts(blk.add(4), 12);
+            let mut sc = [0i32; 8];
+            let mut mn = [0i32; 8];
+            for j in 0..8 {
+                let (s, m) = super::q4k_scale_min(j, sc_bytes);
+                sc[j] = s as i32;
+                mn[j] = m as i32;
+            }
+            // Sub-block 2j: low nibbles of bytes 32j..32j+32; sub-block 2j+1: high nibbles.
+            let mut u = [[vdupq_n_s8(0); 2]; 8];
+            for j in 0..4 {
+                for h in 0..2 {
+                    let q = vld1q_u8(blk.add(16 + 32 * j + 16 * h));
+                    u[2 * j][h] = vreinterpretq_s8_u8(vandq_u8(q, m4));
+                    u[2 * j + 1][h] = vreinterpretq_s8_u8(vshrq_n_u8::<4>(q));
+                }
+            }
+            for r in 0..R {
+                let (qs, d, bs) = a[r];
+                let qs = qs.add(256 * b);
+                let bs = bs.add(16 * b);
+                let mut sumi = vdupq_n_s32(0);
+                for k in 0..8 {
+                    let p = D::dot(vdupq_n_s32(0), u[k][0], vld1q_s8(qs.add(32 * k)));
+                    let p = D::dot(p, u[k][1], vld1q_s8(qs.add(32 * k + 16)));
+                    sumi = vmlaq_n_s32(sumi, p, sc[k]);
+                }
+                let mut summ = 0i32;
+                for j in 0..8 {
+                    summ += mn[j] * (*bs.add(2 * j) as i32 + *bs.add(2 * j + 1) as i32);
+                }
+                let dy = *d.add(b);
+                acc[r] += dy * (dw * vaddvq_s32(sumi) as f32 - dmin * summ as f32);
+            }
+        }
+        *out = acc;
+    }
+
+    #[inline(always)]
+    unsafe fn dot_q6k<D: Dot, const R: usize>(
+        w: &[u8],
+        cols: usize,
+        acts: &[Act<'_>; R],
+        out: &mut [f32; R],
+    ) {
+        let a: [_; R] = std::array::from_fn(|r| q8k(&acts[r]));
+        let nb = cols / 256;
+        let mut acc = [0f32; R];
+        let m4 = vdupq_n_u8(0x0F);
+        let m30 = vdupq_n_u8(0x30);
+        for b in 0..nb {
+            let blk = w.as_ptr().add(b * 210);
+            let dw = f16(blk.add(208));
+            let sc = std::slice::from_raw_parts(blk.add(192) as *const i8, 16);
+            // The 256 six-bit values (0..63), in groups of 16: group g = 8·half + 2k + h holds
+            // elements 128·half + 32k + 16h .. + 16 and uses scale g.
+            let mut u = [vdupq_n_s8(0); 16];
+            for half in 0..2 {
+                let ql = blk.add(64 * half);
+                let qh = blk.add(128 + 32 * half);
+                for h in 0..2 {
+                    let ql0 = vld1q_u8(ql.add(16 * h));
+                    let ql1 = vld1q_u8(ql.add(32 + 16 * h));
+                    let qh = vld1q_u8(qh.add(16 * h));
+                    // Bits 2k, 2k+1 of qh become bits 4, 5 of value k.
+                    let vals = [
+                        vorrq_u8(vandq_u8(ql0, m4), vandq_u8(vshlq_n_u8::<4>(qh), m30)),
+                        vorrq_u8(vandq_u8(ql1, m4), vandq_u8(vshlq_n_u8::<2>(qh), m30)),
+                        vorrq_u8(vshrq_n_u8::<4>(ql0), vandq_u8(qh, m30)),
+                        vorrq_u8(vshrq_n_u8::<4>(ql1), vandq_u8(vshrq_n_u8::<2>(qh), m30)),
+                    ];
+                    for (k, v) in vals.into_iter().enumerate() {
+                        u[8 * half + 2 * k + h] = vreinterpretq_s8_u8(v);
+                    }
+                }
+            }
+            for r in 0..R {
+                let (qs, d, bs) = a[r];
+                let qs = qs.add(256 * b);
+                let bs = bs.add(16 * b);
+                let mut sumi = vdupq_n_s32(0);
+                let mut corr = 0i32;
+                for g in 0..16 {
+                    let p = D::dot(vdupq_n_s32(0), u[g], vld1q_s8(qs.add(16 * g)));
+                    sumi = vmlaq_n_s32(sumi, p, sc[g] as i32);
+                    corr += sc[g] as i32 * *bs.add(g) as i32;
+                }
+                // The stored values are q + 32: subtract 32 · Σ scale · (sum of the group).
+                let dy = *d.add(b);
+                acc[r] += dw * dy * (vaddvq_s32(sumi) - 32 * corr) as f32;
+            }
+        }
+        *out = acc;
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::super::{scalar, Act};
+        use super::*;
+        use crate::quant::testutil::{random_row, Rng};
+        use crate::quant::{Q8KRows, Q8Rows};
+
+        /// Both integer variants (`sdot` where the processor has dotprod, and `smull`/`sadalp`)
+        /// against the scalar micro-kernel on the same 8-bit activations, every quantised
+        /// format, for one and for four rows.
+        #[test]
+        fn sdot_and_smull_variants_match_the_scalar_kernel() {
+            if crate::cpu::detect() < crate::Isa::Neon {
+                return;
+            }
+            let mut rng = Rng(78);
+            for format in [
+                Format::Q8_0,
+                Format::Q4_0,
+                Format::Q4_1,
+                Format::Q5_0,
+                Format::Q4K,
+                Format::Q6K,
+            ] {
+                let be = format.block_elems();
+                let cols = be * (1 + rng.below(if be == 256 { 3 } else { 12 }));
+                let w = random_row(&mut rng, format, cols);
+                let x: Vec<f32> = (0..4 * cols).map(|_| rng.f32()).collect();
+                let (mut q, mut qk) = (Q8Rows::default(), Q8KRows::default());
+                let acts: [Act<'_>; 4] = if be == 32 {
+                    q.quantize(crate::Isa::Neon, &x, 4, cols);
+                    let nb = cols / 32;
+                    let q = &q;
+                    std::array::from_fn(|r| Act::Q8 {
+                        qs: &q.qs[r * cols..(r + 1) * cols],
+                        d: &q.d[r * nb..(r + 1) * nb],
+                        s: &q.s[r * nb..(r + 1) * nb],
+                        d8: &[],
+                    })
+                } else {
+                    qk.quantize(crate::Isa::Neon, &x, 4, cols);
+                    let nb = cols / 256;
+                    let qk = &qk;
+                    std::array::from_fn(|r| Act::Q8K {
+                        qs: &qk.qs[r * cols..(r + 1) * cols],
+                        d: &qk.d[r * nb..(r + 1) * nb],
+                        bsums: &qk.bsums[r * nb * 16..(r + 1) * nb * 16],
+                    })
+                };
+                let mut four = [0f32; 4];
+                let mut one = [0f32; 1];
+                // SAFETY: NEON was detected above.
+                unsafe {
+                    dot_rows_smull(format, &w, cols, &acts, &mut four);
+                    dot_rows_smull(format, &w, cols, &[acts[3]], &mut one);
+                }
+                let mut variants = vec![("smull", four, one[0])];
+                if crate::cpu::has_dotprod() {
+                    // SAFETY: dotprod was detected too.
+                    unsafe {
+                        dot_rows_sdot(format, &w, cols, &acts, &mut four);
+                        dot_rows_sdot(format, &w, cols, &[acts[3]], &mut one);
+                    }
+                    variants.push(("sdot", four, one[0]));
+                }
+                for r in 0..4 {
+                    let want = scalar::dot(format, &w, cols, acts[r]);
+                    for (name, got, got1) in &variants {
+                        let got = if r == 3 { [got[r], *got1] } else { [got[r]; 2] };
+                        for g in got {
+                            assert!(
+                                (g - want).abs() <= 1e-4 * want.abs().max(1.0),
+                                "{} {name}: {g} vs {want}",
+                                format.name(),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+
+        /// The widening of F16 (normal, subnormal, zero, infinite and NaN values) agrees with
+        /// `half`.
+        #[test]
+        fn f16_widening_matches_half() {
+            if crate::cpu::detect() < crate::Isa::Neon {
+                return;
+            }
+            let bits: Vec<u16> = (0..=u16::MAX).collect();
+            for c in bits.chunks_exact(8) {
+                // SAFETY: NEON was detected; the chunk holds 8 values.
+                let (lo, hi) = unsafe { f16x8(vld1q_u16(c.as_ptr())) };
+                let mut got = [0f32; 8];
+                // SAFETY: `got` holds 8 values.
+                unsafe {
+                    vst1q_f32(got.as_mut_ptr(), lo);
+                    vst1q_f32(got.as_mut_ptr().add(4), hi);
+                }
+                for (&b, g) in c.iter().zip(got) {
+                    let want = half::f16::from_bits(b).to_f32();
+                    assert!(
+                        g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                        "{b:#06x}: {g} vs {want}"
+                    );
                 }
             }
         }

@@ -1,20 +1,22 @@
 //! `docent bench generate`: prefill and decode speed and time to first token of the
 //! generation engine on RAG-sized prompts, per weight format, beside llama.cpp on the same
 //! GGUF files and thread count; speculative decoding against plain greedy decoding; load
-//! times of the model sources (GGUF, safetensors, safetensors + ISQ, UQFF).
+//! times of the model sources (GGUF, safetensors, safetensors + ISQ, UQFF); the F16 KV
+//! cache beside the F32 one; many clients with continuous batching on and off; and how long
+//! a streaming answer pauses while a long prompt is read beside it, per prefill chunk size.
 //!
 //! Both engines get the same token ids (the model's tokenizer over a demo-corpus text), so
 //! the engines are compared, not their tokenizers or templates. Decoding is greedy.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use crate::bench::{Peer, RemoveOnDrop};
 use crate::config::{DraftConfig, GenerationConfig};
-use crate::generate::{GenerateError, Generator};
+use crate::generate::{GenerateError, Generator, StreamEvent};
 
 pub struct Options {
     /// GGUF files (or other model sources) to measure, each on its own.
@@ -85,10 +87,15 @@ pub struct LoadRow {
     pub load_ms: f64,
 }
 
-/// Many clients on one engine: each sends two distinct RAG-sized prompts in turn.
+/// Many clients on one engine: each sends two distinct prompts in turn.
 #[derive(Debug, Clone, Serialize)]
 pub struct ConcurrencyRow {
     pub model: String,
+    /// `rag`: 300-token prompts for 32 new tokens (what the service does); `chat`: prompts
+    /// of 24–80 tokens for 128 new tokens (decode-bound).
+    pub workload: String,
+    /// Continuous batching (`generation.continuous_batching`).
+    pub batching: bool,
     pub clients: usize,
     pub requests: usize,
     pub prompt_tokens: usize,
@@ -113,6 +120,30 @@ pub struct MemoryRow {
     pub growth_percent: f64,
 }
 
+/// A streaming answer while a long prompt is read beside it (chunked prefill).
+#[derive(Debug, Clone, Serialize)]
+pub struct StallRow {
+    /// `generation.prefill_chunk_tokens` (0: whole prompts).
+    pub chunk_tokens: usize,
+    pub prompt_tokens: usize,
+    /// The longest pause between two tokens of the answer while the prompt was read.
+    pub longest_pause_ms: f64,
+    /// Tokens the answer got meanwhile.
+    pub tokens_meanwhile: usize,
+    /// Wall time of the long prompt's one-token request (its TTFT beside a running answer).
+    pub long_prompt_ms: f64,
+}
+
+/// The F16 KV cache against the F32 one, first model.
+#[derive(Debug, Clone, Serialize)]
+pub struct KvRow {
+    pub model: String,
+    pub f32: Speed,
+    pub f16: Speed,
+    /// Leading generated tokens on which the two agree.
+    pub agree: usize,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct GenerateBench {
     pub threads: usize,
@@ -125,6 +156,8 @@ pub struct GenerateBench {
     pub speculative: Vec<SpeculativeRow>,
     pub load: Vec<LoadRow>,
     pub concurrency: Vec<ConcurrencyRow>,
+    pub stall: Vec<StallRow>,
+    pub kv: Vec<KvRow>,
     pub memory: Vec<MemoryRow>,
     pub peer: Option<String>,
 }
@@ -290,6 +323,8 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
         speculative: Vec::new(),
         load: Vec::new(),
         concurrency: Vec::new(),
+        stall: Vec::new(),
+        kv: Vec::new(),
         memory: Vec::new(),
         peer: None,
     };
@@ -306,6 +341,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
         c.isq = Some(isq.clone());
         cells.push((format!("{} + ISQ {isq}", name(dir)), c));
     }
+    let mut first_outputs: Vec<Vec<u32>> = Vec::new();
     for (label, cell) in &cells {
         let model = &cell.model;
         eprintln!("bench generate: {label}");
@@ -330,6 +366,9 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
             ours.push(generated);
         }
         drop(generator);
+        if report.models.is_empty() && cell.isq.is_none() {
+            first_outputs = ours.clone();
+        }
         let is_gguf = cell.isq.is_none() && model.extension().is_some_and(|e| e == "gguf");
         if let (Some(peer), true) = (&opts.peer, is_gguf) {
             let file = scratch.join("prompts.json");
@@ -415,14 +454,73 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
                 .push(time(format!("GGUF {}", name(m)), config(m, opts)).await?);
         }
     }
+    if let (Some(model), Some(first)) = (opts.models.first(), report.models.first()) {
+        // the F16 KV cache beside the F32 one (the table above), same prompts
+        eprintln!("bench generate: F16 KV cache");
+        let mut c = config(model, opts);
+        c.kv_cache = "f16".into();
+        let generator = Generator::load(&c).await?;
+        let prompts = prompts(&generator, &text, &opts.prompt_tokens);
+        for (i, prompt) in prompts.iter().enumerate() {
+            let (speed, generated) =
+                measure(&generator, prompt, opts.new_tokens, opts.repeat).await?;
+            report.kv.push(KvRow {
+                model: first.model.clone(),
+                f32: first.docent[i].clone(),
+                f16: speed,
+                agree: common_prefix(&generated, first_outputs.get(i).map_or(&[], |v| v)),
+            });
+        }
+    }
     if let (Some(model), false) = (opts.models.first(), opts.clients.is_empty()) {
-        let generator = std::sync::Arc::new(Generator::load(&config(model, opts)).await?);
-        let ids = generator.encode(&text);
-        for &clients in &opts.clients {
-            eprintln!("bench generate: {clients} concurrent clients");
-            report
-                .concurrency
-                .push(concurrency(&generator, &ids, name(model), clients).await?);
+        for (workload, batching) in [
+            ("rag", true),
+            ("rag", false),
+            ("chat", true),
+            ("chat", false),
+        ] {
+            let mut c = config(model, opts);
+            c.continuous_batching = batching;
+            c.max_num_seqs = opts.clients.iter().copied().max().unwrap_or(1);
+            let generator = std::sync::Arc::new(Generator::load(&c).await?);
+            let ids = generator.encode(&text);
+            for &clients in &opts.clients {
+                eprintln!(
+                    "bench generate: {clients} concurrent clients, {workload}, batching {batching}"
+                );
+                report.concurrency.push(
+                    concurrency(&generator, &ids, name(model), workload, clients)
+                        .await
+                        .map(|r| ConcurrencyRow { batching, ..r })?,
+                );
+            }
+        }
+        // a streaming answer while a long prompt arrives, for several chunk sizes
+        let long_len = opts.prompt_tokens.iter().copied().max().unwrap_or(1200);
+        for chunk in [0, 64, 256] {
+            eprintln!(
+                "bench generate: a {long_len}-token prompt beside an answer, chunks of {chunk}"
+            );
+            let mut c = config(model, opts);
+            c.prefill_chunk_tokens = chunk;
+            let generator = Generator::load(&c).await?;
+            let ids = generator.encode(&text);
+            let long: Vec<u32> = ids.iter().copied().cycle().take(long_len).collect();
+            let mut pauses = Vec::new();
+            let (mut meanwhile, mut long_ms) = (Vec::new(), Vec::new());
+            for _ in 0..opts.repeat.max(1) {
+                let s = stall(&generator, long.clone()).await?;
+                pauses.push(s.longest_pause.as_secs_f64() * 1e3);
+                meanwhile.push(s.tokens_meanwhile as f64);
+                long_ms.push(s.long_prompt.as_secs_f64() * 1e3);
+            }
+            report.stall.push(StallRow {
+                chunk_tokens: chunk,
+                prompt_tokens: long_len,
+                longest_pause_ms: median(pauses),
+                tokens_meanwhile: median(meanwhile) as usize,
+                long_prompt_ms: median(long_ms),
+            });
         }
     }
 
@@ -491,15 +589,19 @@ fn rss_mib() -> f64 {
         .map_or(0.0, |pages| pages * 4096.0 / (1 << 20) as f64)
 }
 
-/// `clients` tasks on one engine, each sending two distinct 300-token prompts for 32 tokens.
+/// `clients` tasks on one engine, each sending two distinct prompts in turn: `rag`, 300-token
+/// prompts for 32 tokens; `chat`, prompts of 24–80 tokens (different lengths) for 128.
 async fn concurrency(
     generator: &std::sync::Arc<Generator>,
     ids: &[u32],
     model: String,
+    workload: &str,
     clients: usize,
 ) -> anyhow::Result<ConcurrencyRow> {
-    const PROMPT: usize = 300;
-    const NEW: usize = 32;
+    let (prompt_len, new): (fn(usize) -> usize, usize) = match workload {
+        "rag" => (|_| 300, 32),
+        _ => (|i| 24 + 8 * (i % 8), 128),
+    };
     const ROUNDS: usize = 2;
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -512,7 +614,7 @@ async fn concurrency(
                     .copied()
                     .cycle()
                     .skip(start)
-                    .take(PROMPT)
+                    .take(prompt_len(c * ROUNDS + r))
                     .collect()
             })
             .collect();
@@ -520,7 +622,7 @@ async fn concurrency(
             let mut out = Vec::new();
             for p in prompts {
                 let t = Instant::now();
-                let g = generator.complete_tokens(p, NEW).await?;
+                let g = generator.complete_tokens(p, new).await?;
                 out.push((t.elapsed().as_secs_f64() * 1e3, g.completion_tokens));
             }
             Ok::<_, GenerateError>(out)
@@ -539,14 +641,75 @@ async fn concurrency(
     let max = latencies.iter().copied().fold(0.0, f64::max);
     Ok(ConcurrencyRow {
         model,
+        workload: workload.into(),
+        batching: true,
         clients,
         requests,
-        prompt_tokens: PROMPT,
-        new_tokens: NEW,
+        prompt_tokens: prompt_len(0),
+        new_tokens: new,
         tokens_per_second: tokens as f64 / wall,
         requests_per_second: requests as f64 / wall,
         latency_p50_ms: median(latencies),
         latency_max_ms: max,
+    })
+}
+
+/// What a streaming answer went through while a long prompt was read beside it.
+#[derive(Debug, Clone, Copy)]
+pub struct Stall {
+    /// The longest pause between two of its tokens, from the long prompt's arrival until
+    /// that prompt's first token.
+    pub longest_pause: Duration,
+    /// Its tokens in that time.
+    pub tokens_meanwhile: usize,
+    /// The long prompt's one-token request, wall time.
+    pub long_prompt: Duration,
+}
+
+/// Streams an answer that goes on (the model continues counting, up to 400 tokens); once it
+/// is decoding, asks for one token after `long`, and watches the answer until that token
+/// comes.
+pub async fn stall(generator: &Generator, long: Vec<u32>) -> Result<Stall, GenerateError> {
+    let ended = || GenerateError::Engine("the answer ended before the long prompt was read".into());
+    let counting = (1..=24)
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+        + ",";
+    let mut stream = generator
+        .stream_tokens(generator.encode(&counting), 400)
+        .await?;
+    for _ in 0..3 {
+        match stream.next().await {
+            Some(Ok(StreamEvent::Delta(_))) => {}
+            Some(Err(e)) => return Err(e),
+            _ => return Err(ended()),
+        }
+    }
+    let started = Instant::now();
+    let mut last = started;
+    let (mut pause, mut tokens) = (Duration::ZERO, 0);
+    let mut reader = std::pin::pin!(generator.complete_tokens(long, 1));
+    let done = loop {
+        tokio::select! {
+            r = &mut reader => break r,
+            e = stream.next() => match e {
+                Some(Ok(StreamEvent::Delta(_))) => {
+                    pause = pause.max(last.elapsed());
+                    last = Instant::now();
+                    tokens += 1;
+                }
+                Some(Err(e)) => return Err(e),
+                _ => return Err(ended()),
+            }
+        }
+    };
+    let long_prompt = started.elapsed();
+    done?;
+    Ok(Stall {
+        longest_pause: pause.max(last.elapsed()),
+        tokens_meanwhile: tokens,
+        long_prompt,
     })
 }
 
@@ -642,18 +805,56 @@ impl fmt::Display for GenerateBench {
         for l in &self.load {
             writeln!(f, "load: {:<52} {:>8.0} ms", l.source, l.load_ms)?;
         }
+        for k in &self.kv {
+            writeln!(
+                f,
+                "kv cache: {} {}-token prompt: F16 prefill / decode {:.1} / {:.1} tok/s, TTFT {:.0} ms vs F32 {:.1} / {:.1}, {:.0} ms; {} of {} tokens agree",
+                k.model,
+                k.f16.prompt_tokens,
+                k.f16.prefill_tok_s,
+                k.f16.decode_tok_s,
+                k.f16.ttft_ms,
+                k.f32.prefill_tok_s,
+                k.f32.decode_tok_s,
+                k.f32.ttft_ms,
+                k.agree,
+                k.f16.new_tokens
+            )?;
+        }
+        let one = |w: &str, b: bool| {
+            self.concurrency
+                .iter()
+                .find(|c| c.workload == w && c.batching == b && c.clients == 1)
+                .map(|c| c.tokens_per_second)
+        };
         for c in &self.concurrency {
             writeln!(
                 f,
-                "concurrency: {} {:>2} clients × 2 requests ({}-token prompts, {} new): {:.1} tok/s, {:.2} req/s, latency p50 {:.0} ms, max {:.0} ms",
+                "concurrency: {} {:<4} batching {:<3} {:>2} clients × 2 requests ({}-token prompts, {} new): {:.1} tok/s ({}× one client), {:.2} req/s, latency p50 {:.0} ms, max {:.0} ms",
                 c.model,
+                c.workload,
+                if c.batching { "on" } else { "off" },
                 c.clients,
                 c.prompt_tokens,
                 c.new_tokens,
                 c.tokens_per_second,
+                one(&c.workload, c.batching)
+                    .map_or("–".into(), |o| format!("{:.2}", c.tokens_per_second / o)),
                 c.requests_per_second,
                 c.latency_p50_ms,
                 c.latency_max_ms
+            )?;
+        }
+        for s in &self.stall {
+            writeln!(
+                f,
+                "chunked prefill: chunks of {:>4} ({}): a {}-token prompt beside a streaming answer: longest pause {:.0} ms, {} answer tokens meanwhile, the prompt's first token after {:.0} ms",
+                s.chunk_tokens,
+                if s.chunk_tokens == 0 { "whole prompts" } else { "tokens" },
+                s.prompt_tokens,
+                s.longest_pause_ms,
+                s.tokens_meanwhile,
+                s.long_prompt_ms
             )?;
         }
         for m in &self.memory {

@@ -12,6 +12,7 @@ use mistralrs_quant::cpu_hooks;
 
 static MATMULS: AtomicU64 = AtomicU64::new(0);
 static ATTENTIONS: AtomicU64 = AtomicU64::new(0);
+static ATTENTIONS_F16: AtomicU64 = AtomicU64::new(0);
 
 /// Calls docent's kernels answered so far in this process: (matmuls, attentions).
 pub fn calls() -> (u64, u64) {
@@ -19,6 +20,11 @@ pub fn calls() -> (u64, u64) {
         MATMULS.load(Ordering::Relaxed),
         ATTENTIONS.load(Ordering::Relaxed),
     )
+}
+
+/// Of [`calls`]' attentions, those over an F16 KV cache (`generation.kv_cache = "f16"`).
+pub fn f16_attentions() -> u64 {
+    ATTENTIONS_F16.load(Ordering::Relaxed)
 }
 
 /// Registers the hooks (once) and turns them on or off for the models loaded from now on;
@@ -34,6 +40,7 @@ pub fn install(enabled: bool, isa: &str) {
         });
         cpu_hooks::set_matmul(matmul);
         cpu_hooks::set_attention(attention);
+        cpu_hooks::set_attention_f16(attention_f16);
         tracing::info!(
             isa = docent_kernels::cpu::isa().name(),
             "docent CPU kernels registered"
@@ -77,7 +84,29 @@ fn matmul(w: &cpu_hooks::WeightView<'_>, x: &[f32], m: usize) -> Option<Vec<f32>
 }
 
 fn attention(a: &cpu_hooks::AttentionArgs<'_>) -> Option<Vec<f32>> {
-    let out = docent_kernels::attention::attention(&docent_kernels::attention::AttentionArgs {
+    counted(docent_kernels::attention::attention(&args(a)))
+}
+
+fn attention_f16(a: &cpu_hooks::AttentionArgs<'_, half::f16>) -> Option<Vec<f32>> {
+    let out = counted(docent_kernels::attention::attention_f16(&args(a)));
+    if out.is_some() {
+        ATTENTIONS_F16.fetch_add(1, Ordering::Relaxed);
+    }
+    out
+}
+
+fn counted(out: Option<Vec<f32>>) -> Option<Vec<f32>> {
+    if out.is_some() {
+        ATTENTIONS.fetch_add(1, Ordering::Relaxed);
+    }
+    out
+}
+
+/// The hook's arguments as the kernel's (the same fields).
+fn args<'a, KV>(
+    a: &cpu_hooks::AttentionArgs<'a, KV>,
+) -> docent_kernels::attention::AttentionArgs<'a, KV> {
+    docent_kernels::attention::AttentionArgs {
         q: a.q,
         k: a.k,
         v: a.v,
@@ -93,9 +122,5 @@ fn attention(a: &cpu_hooks::AttentionArgs<'_>) -> Option<Vec<f32>> {
         scale: a.scale,
         softcap: a.softcap,
         mask: a.mask,
-    });
-    if out.is_some() {
-        ATTENTIONS.fetch_add(1, Ordering::Relaxed);
     }
-    out
 }

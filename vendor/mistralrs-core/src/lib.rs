@@ -71,6 +71,10 @@ mod pipeline;
 mod prefix_cacher;
 /// docent: a byte limit for the prefix cache (vendor/PATCHES.md).
 pub use prefix_cacher::set_prefix_cache_limit_bytes;
+/// docent: an F16 KV cache on the CPU (vendor/PATCHES.md).
+pub use kv_cache::set_cpu_kv_cache_f16;
+/// docent: continuous batching and chunked prefill on the CPU (vendor/PATCHES.md).
+pub use kv_cache::{set_cpu_continuous_batching, set_cpu_prefill_chunk};
 pub mod reasoning_parsers;
 mod request;
 mod response;

@@ -513,6 +513,11 @@ pub struct Sequence {
 
     // Prefix caching
     prefill_prompt_toks: Option<Vec<u32>>,
+    /// docent: prompt tokens per prefill chunk (0: the prompt runs whole).
+    prefill_chunk: usize,
+    /// docent: the pipeline batches this sequence's decode steps with sequences of other
+    /// lengths (`CacheManagerMixin::ragged_batching`).
+    ragged: bool,
     /// Number of tokens at the start of the prompt that are cached (KV already computed).
     /// These tokens should be skipped during prefill.
     prefix_cache_len: usize,
@@ -631,6 +636,8 @@ impl Sequence {
             creation_time,
             recognizer,
             prefill_prompt_toks: None,
+            prefill_chunk: 0,
+            ragged: false,
             prefix_cache_len: 0,
             suffix,
             prefix,
@@ -864,6 +871,56 @@ impl Sequence {
 
     pub fn sampler(&mut self) -> Arc<Sampler> {
         self.sampler.clone()
+    }
+
+    /// docent: this sequence may share decode steps with sequences of other lengths.
+    pub fn set_ragged(&mut self, ragged: bool) {
+        self.ragged = ragged;
+    }
+
+    /// docent: see [`Sequence::set_ragged`].
+    pub fn ragged(&self) -> bool {
+        self.ragged
+    }
+
+    /// docent: prefill the prompt in chunks of `chunk` tokens from the current offset (a
+    /// prefix-cache hit's offset included); nothing changes when the rest fits in one chunk.
+    pub fn limit_prefill_chunk(&mut self, chunk: usize) {
+        if chunk == 0 || self.token_offset + chunk >= self.tokens.len() {
+            return;
+        }
+        self.prefill_chunk = chunk;
+        self.prefill_prompt_toks =
+            Some(self.tokens[self.token_offset..self.token_offset + chunk].to_vec());
+    }
+
+    /// docent: a prompt chunk is running and more of the prompt follows it.
+    pub fn prefill_chunk_pending(&self) -> bool {
+        self.prefill_chunk > 0
+            && self.is_prompt()
+            && self
+                .prefill_prompt_toks
+                .as_ref()
+                .is_some_and(|t| self.token_offset + t.len() < self.tokens.len())
+    }
+
+    /// docent: after a chunk ran (its KV is in the cache), the next chunk becomes the prompt.
+    pub fn advance_prefill_chunk(&mut self) {
+        self.token_offset += self.prefill_prompt_toks.as_ref().map_or(0, Vec::len);
+        self.prefix_cache_len = self.token_offset;
+        let end = (self.token_offset + self.prefill_chunk).min(self.tokens.len());
+        self.prefill_prompt_toks = Some(self.tokens[self.token_offset..end].to_vec());
+        // RunningPrompt, not RunningPrefillPrompt: the scheduler keeps only running states.
+        self.set_state(SequenceState::RunningPrompt);
+    }
+
+    /// docent: the last chunk ran: the whole prompt is the context from now on (sampling,
+    /// penalties), as for a prompt prefilled at once.
+    pub fn finish_prefill_chunks(&mut self) {
+        if self.prefill_chunk > 0 {
+            self.prefill_chunk = 0;
+            self.prefill_prompt_toks = None;
+        }
     }
 
     /// Add a some prefill tokens. Only meant for internal speculative decoding usage.

@@ -20,14 +20,15 @@ pub struct WeightView<'a> {
 /// `y[m, rows] = x[m, cols] · Wᵀ`, `x` row-major and contiguous. `None`: not handled.
 pub type MatMulHook = fn(w: &WeightView<'_>, x: &[f32], m: usize) -> Option<Vec<f32>>;
 
-/// Scaled dot-product attention over f32 data.
+/// Scaled dot-product attention over f32 queries; keys and values are `KV` (f32, or
+/// `half::f16` for an F16 KV cache).
 #[derive(Debug, Clone, Copy)]
-pub struct AttentionArgs<'a> {
+pub struct AttentionArgs<'a, KV = f32> {
     /// Query, key and value data, each indexed as `b * s[0] + pos * s[1] + head * s[2] + d`
     /// with the given strides `s` (elements); the last axis is contiguous.
     pub q: &'a [f32],
-    pub k: &'a [f32],
-    pub v: &'a [f32],
+    pub k: &'a [KV],
+    pub v: &'a [KV],
     pub q_strides: [usize; 3],
     pub k_strides: [usize; 3],
     pub v_strides: [usize; 3],
@@ -47,8 +48,12 @@ pub struct AttentionArgs<'a> {
 /// Returns the output as (batch, n_heads, q_len, head_dim), contiguous. `None`: not handled.
 pub type AttentionHook = fn(args: &AttentionArgs<'_>) -> Option<Vec<f32>>;
 
+/// The same over an F16 KV cache (f32 queries and output).
+pub type AttentionHookF16 = fn(args: &AttentionArgs<'_, half::f16>) -> Option<Vec<f32>>;
+
 static MATMUL: OnceLock<MatMulHook> = OnceLock::new();
 static ATTENTION: OnceLock<AttentionHook> = OnceLock::new();
+static ATTENTION_F16: OnceLock<AttentionHookF16> = OnceLock::new();
 static ENABLED: AtomicBool = AtomicBool::new(true);
 
 /// Turns the registered hooks on or off (process-wide; models loaded while they are off keep
@@ -67,6 +72,11 @@ pub fn set_attention(hook: AttentionHook) {
     let _ = ATTENTION.set(hook);
 }
 
+/// Registers the CPU attention over an F16 KV cache (the first registration wins).
+pub fn set_attention_f16(hook: AttentionHookF16) {
+    let _ = ATTENTION_F16.set(hook);
+}
+
 /// The registered matmul, unless the hooks are off.
 pub fn matmul() -> Option<MatMulHook> {
     MATMUL.get().copied().filter(|_| ENABLED.load(Ordering::Relaxed))
@@ -75,4 +85,12 @@ pub fn matmul() -> Option<MatMulHook> {
 /// The registered attention, unless the hooks are off.
 pub fn attention() -> Option<AttentionHook> {
     ATTENTION.get().copied().filter(|_| ENABLED.load(Ordering::Relaxed))
+}
+
+/// The registered attention over an F16 KV cache, unless the hooks are off.
+pub fn attention_f16() -> Option<AttentionHookF16> {
+    ATTENTION_F16
+        .get()
+        .copied()
+        .filter(|_| ENABLED.load(Ordering::Relaxed))
 }

@@ -733,6 +733,15 @@ impl Engine {
                 None => seq,
             };
 
+            // docent: continuous batching and chunked prefill where the pipeline supports them
+            // (vendor/PATCHES.md); not for multimodal prompts.
+            if get_mut_arcmutex!(self.pipeline).ragged_batching() {
+                seq.set_ragged(true);
+                if !(seq.has_images() || seq.has_audios() || seq.has_videos()) {
+                    seq.limit_prefill_chunk(crate::kv_cache::cpu_prefill_chunk());
+                }
+            }
+
             *get_mut_arcmutex!(self.id) += 1;
             get_mut_arcmutex!(self.scheduler).add_seq(seq);
             added_seq = true;

@@ -487,6 +487,20 @@ impl Engine {
                         self.logger.add_tokens_processed(total_processed_tokens);
 
                         for seq in scheduled.prompt.iter_mut() {
+                            // docent: chunked prefill (vendor/PATCHES.md). The time adds up
+                            // over the chunks; a chunk with more to come only moves the offset.
+                            let prompt_exec_time = prompt_exec_time
+                                + Duration::from_millis(
+                                    seq.total_prompt_time.unwrap_or(0) as u64,
+                                );
+                            if seq.prefill_chunk_pending() {
+                                seq.total_prompt_time = Some(prompt_exec_time.as_millis());
+                                seq.advance_prefill_chunk();
+                                continue;
+                            }
+                            if seq.is_finished_paged_attn() {
+                                continue; // finished (or cancelled) while sampling
+                            }
                             match seq.sequence_stepping_type() {
                                 SeqStepType::OneShot => {
                                     seq.set_state(SequenceState::Done(StopReason::GeneratedImage))

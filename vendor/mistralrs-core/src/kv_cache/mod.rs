@@ -21,6 +21,45 @@ pub use hybrid_cache::{
 pub use rotating_cache::RotatingCache;
 pub use single_cache::SingleCache;
 
+/// docent: store keys and values as F16 in caches on the CPU (vendor/PATCHES.md). Process-wide;
+/// a cache that already holds data keeps its dtype, so flipping it never mixes dtypes.
+static CPU_KV_F16: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// docent: caches on the CPU that start after this call store F32 keys and values as F16
+/// (`true`) or in the model's dtype (`false`, the default).
+pub fn set_cpu_kv_cache_f16(on: bool) {
+    CPU_KV_F16.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// docent: continuous batching on the CPU (vendor/PATCHES.md): pipelines that support it
+/// (`CacheManagerMixin::ragged_batching`) decode sequences of different lengths in one forward
+/// pass, each attending over its own cache, and run one prompt (chunk) per step beside them.
+static CPU_CONTINUOUS_BATCHING: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+/// docent: prompt tokens per prefill chunk for such pipelines (0: whole prompts).
+static CPU_PREFILL_CHUNK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// docent: turns continuous batching on or off for engines started after this call.
+pub fn set_cpu_continuous_batching(on: bool) {
+    CPU_CONTINUOUS_BATCHING.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// docent: whether continuous batching is on.
+pub fn cpu_continuous_batching() -> bool {
+    CPU_CONTINUOUS_BATCHING.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// docent: prefill prompts in chunks of `tokens` (0: off) under continuous batching, so that
+/// decoding sequences get a step between the chunks of a long prompt.
+pub fn set_cpu_prefill_chunk(tokens: usize) {
+    CPU_PREFILL_CHUNK.store(tokens, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// docent: the prefill chunk in tokens (0: off).
+pub fn cpu_prefill_chunk() -> usize {
+    CPU_PREFILL_CHUNK.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 pub trait CacheManager<T: CacheManagerMixin + MetadataMixin + ?Sized> {
     fn clone_in_cache(
         &self,
@@ -79,8 +118,46 @@ impl KvCache {
     }
 
     pub fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
-        let k = k.contiguous()?;
-        let v = v.contiguous()?;
+        // docent: the dtype the cache stores (F16 on the CPU with set_cpu_kv_cache_f16). A
+        // cache holding data keeps its dtype; an empty one (a preallocated buffer included)
+        // takes the configured one.
+        let held = match self {
+            Self::Normal { k, .. } if k.current_seq_len > 0 => k.all_data().map(|t| t.dtype()),
+            Self::Rotating { k, .. } if k.current_seq_len > 0 => {
+                k.all_data().map(|t| t.dtype())
+            }
+            _ => None,
+        };
+        let store = held.unwrap_or(
+            if k.device().is_cpu()
+                && k.dtype() == candle_core::DType::F32
+                && CPU_KV_F16.load(std::sync::atomic::Ordering::Relaxed)
+            {
+                candle_core::DType::F16
+            } else {
+                k.dtype()
+            },
+        );
+        let k = k.to_dtype(store)?.contiguous()?;
+        let v = v.to_dtype(store)?.contiguous()?;
+        // docent: an empty buffer of another dtype is allocated anew (same capacity).
+        match self {
+            Self::Normal { k: kc, v: vc } => {
+                for c in [kc, vc] {
+                    if c.all_data().is_some_and(|t| t.dtype() != store) {
+                        c.all_data = None;
+                    }
+                }
+            }
+            Self::Rotating { k: kc, v: vc } => {
+                for c in [kc, vc] {
+                    if c.all_data().is_some_and(|t| t.dtype() != store) {
+                        c.all_data = None;
+                    }
+                }
+            }
+            Self::Shared { .. } => {}
+        }
         let (out_k, out_v) = match self {
             Self::Normal { k: kc, v: vc } => {
                 kc.append(&k)?;

@@ -145,6 +145,7 @@ impl LayerWeights {
         start_offsets: &[usize],
         kv_cache: &mut KvCache,
         metadata: Option<((Tensor, Tensor), &PagedAttentionInputMetadata)>,
+        seq_caches: Option<&mut [KvCache]>,
     ) -> Result<Tensor> {
         let (b_sz, seq_len, _) = x.dims3()?;
 
@@ -178,8 +179,8 @@ impl LayerWeights {
 
         let (q, k) = self.rotary.forward(&q, &k, start_offsets)?;
 
-        let y = match &self.paged_attn {
-            Some(paged_attn) => {
+        let y = match (&self.paged_attn, seq_caches) {
+            (Some(paged_attn), _) => {
                 let ((key_cache, value_cache), input_metadata) = metadata.unwrap();
                 paged_attn.forward(
                     &q,
@@ -193,7 +194,18 @@ impl LayerWeights {
                     None,
                 )?
             }
-            None => {
+            // docent: a decode batch of sequences of different lengths (one token each, no
+            // mask): each sequence appends to and attends over its own cache.
+            (None, Some(caches)) => {
+                let mut ys = Vec::with_capacity(b_sz);
+                for (i, cache) in caches.iter_mut().enumerate() {
+                    let (k, v) = cache.append(&k.narrow(0, i, 1)?, &v.narrow(0, i, 1)?)?;
+                    let q = q.narrow(0, i, 1)?;
+                    ys.push(Sdpa.run_attention(&q, &k, &v, None, None, &self.sdpa_params)?);
+                }
+                Tensor::cat(&ys, 0)?
+            }
+            (None, None) => {
                 let (k, v) = kv_cache.append(&k, &v)?;
 
                 Sdpa.run_attention(&q, &k, &v, mask, None, &self.sdpa_params)?
@@ -221,6 +233,9 @@ pub struct ModelWeights {
     pub max_seq_len: usize,
     mapper: Option<Box<dyn DeviceMapper + Send + Sync>>,
     dtype: DType,
+    /// docent: per layer, the caches of the sequences of a decode batch under continuous
+    /// batching (shared storage with the sequences' own caches; empty otherwise).
+    ragged: std::sync::Mutex<Vec<Vec<KvCache>>>,
 }
 
 impl ModelConfig::FromGGML for ModelWeights {
@@ -322,6 +337,7 @@ impl ModelConfig::FromGGML for ModelWeights {
             max_seq_len: DEFAULT_MAX_SEQ_LEN as usize, // Cannot determine from ggml.
             mapper: None,
             dtype,
+            ragged: Default::default(),
         })
     }
 }
@@ -653,11 +669,55 @@ impl ModelConfig::FromGGUF for ModelWeights {
             max_seq_len,
             mapper: Some(mapper),
             dtype,
+            ragged: Default::default(),
         })
     }
 }
 
 impl ModelWeights {
+    /// docent: the decode batch `seqs` runs on the sequences' own caches (clones sharing their
+    /// storage; the model appends in place). `false` (nothing set) when a sequence has no
+    /// cache for some layer.
+    pub fn fill_ragged(&self, seqs: &mut [&mut crate::sequence::Sequence]) -> bool {
+        let layers = self.layers.len();
+        let mut table = vec![Vec::with_capacity(seqs.len()); layers];
+        for seq in seqs.iter_mut() {
+            let caches = seq.normal_cache();
+            if caches.len() < layers {
+                return false;
+            }
+            for (l, cache) in caches.iter().take(layers).enumerate() {
+                match cache {
+                    Some(c @ KvCache::Normal { .. }) => table[l].push(c.clone()),
+                    _ => return false,
+                }
+            }
+        }
+        *self.ragged.lock().expect("ragged caches") = table;
+        true
+    }
+
+    /// docent: hands the caches of a decode batch back to its sequences; `false` when the
+    /// batch did not run on them.
+    pub fn take_out_ragged(&self, seqs: &mut [&mut crate::sequence::Sequence]) -> bool {
+        let table = self.ragged.lock().expect("ragged caches");
+        if table.is_empty() || table.iter().any(|l| l.len() != seqs.len()) {
+            return false;
+        }
+        for (b, seq) in seqs.iter_mut().enumerate() {
+            let caches = seq.normal_cache();
+            for (l, layer) in table.iter().enumerate() {
+                caches[l] = Some(layer[b].clone());
+            }
+        }
+        true
+    }
+
+    /// docent: the next batch does not run on per-sequence caches.
+    pub fn clear_ragged(&self) {
+        self.ragged.lock().expect("ragged caches").clear();
+    }
+
     pub fn forward(
         &self,
         x: &Tensor,
@@ -688,6 +748,13 @@ impl ModelWeights {
         } else {
             DeviceMappedMask::from_single(mask)
         };
+        // docent: a decode batch on per-sequence caches (continuous batching).
+        let mut ragged = self.ragged.lock().expect("ragged caches");
+        let (b_sz, q_len) = x.dims2()?;
+        let use_ragged = metadata.is_none()
+            && q_len == 1
+            && ragged.len() == self.layers.len()
+            && ragged.iter().all(|l| l.len() == b_sz);
         for (i, layer) in self.layers.iter().enumerate() {
             if let Some(ref mapper) = self.mapper {
                 layer_in = mapper.map(layer_in, i)?;
@@ -703,6 +770,11 @@ impl ModelWeights {
                 metadata
                     .as_ref()
                     .map(|(kv_cache, metadata)| (kv_cache[i].clone(), *metadata)),
+                if use_ragged {
+                    Some(ragged[i].as_mut_slice())
+                } else {
+                    None
+                },
             )?;
             let x = (attn + residual)?;
 

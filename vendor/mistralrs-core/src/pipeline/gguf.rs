@@ -653,6 +653,17 @@ impl IsqPipelineMixin for GGUFPipeline {
 
 impl CacheManagerMixin for GGUFPipeline {
     fn clone_in_cache(&self, seqs: &mut [&mut Sequence]) {
+        // docent: a decode batch under continuous batching runs on the sequences' own caches
+        // (vendor/PATCHES.md); any other batch clears that table and goes the usual way.
+        if let Model::Llama(ref model) = self.model {
+            // (the sequences' flag, set when they were added, decides: not the knob, which
+            // may have changed since)
+            let ragged = seqs.len() > 1 && seqs.iter().all(|s| s.ragged() && s.is_completion());
+            if ragged && model.fill_ragged(seqs) {
+                return;
+            }
+            model.clear_ragged();
+        }
         if matches!(self.cache(), EitherCache::Full(_)) {
             FullCacheManager.clone_in_cache(self, seqs, false)
         } else {
@@ -660,6 +671,12 @@ impl CacheManagerMixin for GGUFPipeline {
         }
     }
     fn clone_out_cache(&self, seqs: &mut [&mut Sequence]) {
+        // docent: after a decode batch on the sequences' own caches.
+        if let Model::Llama(ref model) = self.model {
+            if model.take_out_ragged(seqs) {
+                return;
+            }
+        }
         if matches!(self.cache(), EitherCache::Full(_)) {
             FullCacheManager.clone_out_cache(self, seqs, false)
         } else {
@@ -673,6 +690,9 @@ impl CacheManagerMixin for GGUFPipeline {
         modify_draft_cache: bool,
         load_preallocated_cache: bool,
     ) {
+        if let Model::Llama(ref model) = self.model {
+            model.clear_ragged(); // docent
+        }
         if matches!(self.cache(), EitherCache::Full(_)) {
             FullCacheManager.set_none_cache(self, seqs, modify_draft_cache, false);
         } else {
@@ -686,6 +706,14 @@ impl CacheManagerMixin for GGUFPipeline {
         if reset_non_granular {
             self.reset_non_granular_state()
         }
+    }
+    fn ragged_batching(&self) -> bool {
+        // docent: the quantized Llama model on the CPU, with a KV cache and no paged attention.
+        matches!(self.model, Model::Llama(_))
+            && crate::kv_cache::cpu_continuous_batching()
+            && self.device().is_cpu()
+            && !self.metadata.no_kv_cache
+            && self.metadata.cache_config.is_none()
     }
     fn cache(&self) -> &EitherCache {
         match self.model {

@@ -211,6 +211,12 @@ pub trait CacheManagerMixin {
         load_preallocated_cache: bool,
     );
     fn cache(&self) -> &EitherCache;
+    /// docent: whether this pipeline decodes sequences of different lengths in one batch
+    /// (each attending over its own cache) and can prefill a prompt in chunks
+    /// (vendor/PATCHES.md). Off unless a pipeline says otherwise.
+    fn ragged_batching(&self) -> bool {
+        false
+    }
 }
 
 pub trait MetadataMixin {
@@ -533,6 +539,15 @@ pub trait Pipeline:
                         load_preallocated_cache,
                     ),
                     _ => unreachable!("Unreachable POST cache op."),
+                }
+
+                // docent: a prompt chunk with more to come has put its KV in the cache; nothing
+                // is sampled until the last chunk (vendor/PATCHES.md).
+                if is_prompt {
+                    if input_seqs.iter().any(|s| s.prefill_chunk_pending()) {
+                        return Ok(exec_duration);
+                    }
+                    input_seqs.iter_mut().for_each(|s| s.finish_prefill_chunks());
                 }
 
                 if raw_out_logits[0][0].is_some() {

@@ -84,6 +84,23 @@ impl<Backer: FcfsBacker> BucketingManager<Backer> for FixedBucketingManager {
         mut waiting: Backer,
         discrete: bool,
     ) -> BucketedSeqs<Backer> {
+        // docent: continuous batching (vendor/PATCHES.md). When every sequence belongs to a
+        // pipeline that decodes different lengths together, all decoding sequences run as one
+        // batch, beside the oldest prompt (or its next chunk); the other prompts wait.
+        if !running.is_empty() && running.iter().all(|s| s.ragged()) {
+            let (mut batch, mut prompts): (Vec<Sequence>, Vec<Sequence>) =
+                running.into_iter().partition(|s| s.is_completion());
+            prompts.sort_by_key(|s| *s.id());
+            let mut prompts = prompts.into_iter();
+            batch.extend(prompts.next());
+            for seq in prompts {
+                waiting.add(seq.add_urgency());
+            }
+            return BucketedSeqs {
+                running: batch.into_iter().map(|s| s.reset_urgency()).collect(),
+                waiting,
+            };
+        }
         // Now, get the sequences with the smallest sequence lengths, and allow them to catch up.
         let mut seq_buckets: HashMap<BucketKey, Vec<Sequence>> = HashMap::new();
         let mut seq_priorities: HashMap<BucketKey, f64> = HashMap::new();
@@ -247,9 +264,13 @@ impl<Backer: FcfsBacker> DefaultScheduler<Backer> {
                 }
                 logger.set_num_running(self.running.len());
                 logger.set_num_waiting(self.waiting.len());
+                // docent: a prompt part-way through its chunks is running too: it goes out as
+                // a prompt, not as a completion.
+                let (completion, prompt): (Vec<_>, Vec<_>) =
+                    self.running.iter_mut().partition(|s| !s.is_prompt());
                 return DefaultSchedulerOutput {
-                    prompt: vec![].into(),
-                    completion: self.running.iter_mut().collect::<Vec<_>>().into(),
+                    prompt: prompt.into(),
+                    completion: completion.into(),
                 };
             }
             _ => {}

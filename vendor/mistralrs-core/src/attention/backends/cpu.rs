@@ -279,6 +279,7 @@ impl UpcastF32 for bf16 {
 }
 
 /// docent: q, k, v as (b, seq, heads, d) views; the mask, if any, must be (q_len, kv_len).
+/// Keys and values are f32, or F16 (an F16 KV cache: `set_cpu_kv_cache_f16`).
 fn run_cpu_hook(
     q: &Tensor,
     k: &Tensor,
@@ -286,9 +287,29 @@ fn run_cpu_hook(
     mask: Option<&Tensor>,
     sdpa_params: &SdpaParams,
 ) -> Result<Option<Tensor>> {
-    let Some(hook) = mistralrs_quant::cpu_hooks::attention() else {
-        return Ok(None);
-    };
+    use mistralrs_quant::cpu_hooks;
+    match (k.dtype(), v.dtype()) {
+        (DType::F32, DType::F32) => match cpu_hooks::attention() {
+            Some(hook) => run_cpu_hook_with::<f32>(q, k, v, mask, sdpa_params, hook),
+            None => Ok(None),
+        },
+        (DType::F16, DType::F16) => match cpu_hooks::attention_f16() {
+            Some(hook) => run_cpu_hook_with::<f16>(q, k, v, mask, sdpa_params, hook),
+            None => Ok(None),
+        },
+        _ => Ok(None),
+    }
+}
+
+/// docent: [`run_cpu_hook`] for keys and values of type `KV`.
+fn run_cpu_hook_with<KV: WithDType>(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    sdpa_params: &SdpaParams,
+    hook: impl Fn(&mistralrs_quant::cpu_hooks::AttentionArgs<'_, KV>) -> Option<Vec<f32>>,
+) -> Result<Option<Tensor>> {
     let (b, q_len, h, d) = q.dims4()?;
     let (_, kv_len, h_kv, dk) = k.dims4()?;
     let (_, v_len, h_v, dv) = v.dims4()?;
@@ -309,12 +330,12 @@ fn run_cpu_hook(
         Some(_) => return Ok(None),
         None => None,
     };
-    fn cpu_f32<'a>(
+    fn cpu_slice<'a, E: WithDType>(
         guard: &'a candle_core::Storage,
         layout: &candle_core::Layout,
-    ) -> Result<Option<&'a [f32]>> {
+    ) -> Result<Option<&'a [E]>> {
         match guard {
-            Storage::Cpu(cpu) => Ok(Some(&cpu.as_slice::<f32>()?[layout.start_offset()..])),
+            Storage::Cpu(cpu) => Ok(Some(&cpu.as_slice::<E>()?[layout.start_offset()..])),
             _ => Ok(None),
         }
     }
@@ -322,15 +343,15 @@ fn run_cpu_hook(
     let (k_guard, k_layout) = k.storage_and_layout();
     let (v_guard, v_layout) = v.storage_and_layout();
     let (Some(q_data), Some(k_data), Some(v_data)) = (
-        cpu_f32(&q_guard, q_layout)?,
-        cpu_f32(&k_guard, k_layout)?,
-        cpu_f32(&v_guard, v_layout)?,
+        cpu_slice::<f32>(&q_guard, q_layout)?,
+        cpu_slice::<KV>(&k_guard, k_layout)?,
+        cpu_slice::<KV>(&v_guard, v_layout)?,
     ) else {
         return Ok(None);
     };
     let mask_guard = mask.as_ref().map(|m| m.storage_and_layout());
     let mask_data = match &mask_guard {
-        Some((g, l)) => match cpu_f32(g, l)? {
+        Some((g, l)) => match cpu_slice::<f32>(g, l)? {
             Some(m) => Some(&m[..q_len * kv_len]),
             None => return Ok(None),
         },
@@ -369,12 +390,14 @@ pub fn run_flash_attn_cpu<T>(
 where
     T: WithDType + Sum + num_traits::real::Real + DowncastF32 + UpcastF32 + Copy,
 {
-    // docent: the registered CPU attention (mistralrs_quant::cpu_hooks) for f32 data.
+    // docent: the registered CPU attention (mistralrs_quant::cpu_hooks) for f32 queries.
     if T::DTYPE == DType::F32 {
         if let Some(out) = run_cpu_hook(q, k, v, mask, sdpa_params)? {
             return Ok(out);
         }
     }
+    // docent: keys and values from an F16 KV cache meet queries of another dtype here.
+    let (k, v) = (&k.to_dtype(T::DTYPE)?, &v.to_dtype(T::DTYPE)?);
 
     // Inline CPU slice extraction for q, k, v, and optional mask
     let (q_guard, q_layout) = q.storage_and_layout();
