@@ -201,6 +201,9 @@ enum Bench {
         /// Instruction-set cap of docent's kernels: auto, avx512, avx2 or scalar.
         #[arg(long, default_value = "auto")]
         isa: String,
+        /// Prompt tokens per prefill chunk (0: whole prompts; default: the service's).
+        #[arg(long)]
+        prefill_chunk: Option<usize>,
         #[arg(long)]
         json: bool,
     },
@@ -420,6 +423,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             no_peer,
             kernels,
             isa,
+            prefill_chunk,
             json,
         }) => {
             // candle computes on rayon's global pool: size it before anything uses it
@@ -469,6 +473,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 peer,
                 kernels,
                 isa,
+                prefill_chunk: prefill_chunk.unwrap_or(
+                    docent::config::Config::default()
+                        .generation
+                        .prefill_chunk_tokens,
+                ),
             };
             let result = docent::bench::generate::run(&opts).await?;
             print_report(&result, json)

@@ -43,6 +43,9 @@ pub struct Options {
     pub kernels: String,
     /// `generation.isa`: the instruction-set cap of docent's kernels.
     pub isa: String,
+    /// `generation.prefill_chunk_tokens` for the speed cells (the chunked-prefill rows set
+    /// their own).
+    pub prefill_chunk: usize,
 }
 
 /// One model × prompt cell.
@@ -202,6 +205,7 @@ fn config(model: &Path, opts: &Options) -> GenerationConfig {
         kernels: opts.kernels.clone(),
         isa: opts.isa.clone(),
         prefix_cache: false,
+        prefill_chunk_tokens: opts.prefill_chunk,
         ..crate::config::Config::default().generation
     }
 }
