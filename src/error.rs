@@ -1,6 +1,6 @@
 //! The one error model of the HTTP API: every failure becomes a JSON response
 //! `{"error": {"code": "…", "message": "…"}}` with its status, mapped here and nowhere else.
-//! Used by the routes in [`crate::api`] and the document handlers in [`crate::documents`].
+//! Used by the HTTP routes and the document handlers (it depends on neither).
 
 use actix_web::error::{JsonPayloadError, ResponseError};
 use actix_web::http::StatusCode;
