@@ -19,6 +19,8 @@ build:
 
 ## Everything the project checks: model setup, unit and integration tests, formatting, lints.
 test: setup
+	python3 scripts/check-module-cycles.py --self-test
+	python3 scripts/check-module-cycles.py
 	$(CARGO) fmt --all -- --check
 	$(CARGO) test --workspace -- --nocapture
 	$(CARGO) clippy --workspace --all-targets -- -D warnings

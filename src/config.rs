@@ -25,11 +25,20 @@ pub enum ConfigError {
     },
 }
 
+use crate::query::generate::{
+    default_isa, default_kernels, default_kv_cache, default_max_queue, default_prefill_chunk,
+    default_prefix_cache_mib,
+};
+pub use crate::query::generate::{DraftConfig, GenerationConfig};
+pub use crate::query::retrieve::MAX_NEIGHBORS;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// Where the index lives.
+    /// Where the embedded index lives (`store.kind = "edge"`).
     pub data_dir: PathBuf,
+    #[serde(default)]
+    pub store: StoreConfig,
     pub server: ServerConfig,
     pub embedding: EmbeddingConfig,
     pub chunking: ChunkingConfig,
@@ -38,9 +47,115 @@ pub struct Config {
     pub generation: GenerationConfig,
     pub prompts: PromptsConfig,
     #[serde(default)]
-    pub safety: crate::safety::SafetyConfig,
+    pub safety: crate::query::safety::SafetyConfig,
     #[serde(default)]
     pub citations: CitationsConfig,
+}
+
+/// Which engine holds the index.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// Qdrant's embedded engine in `data_dir` (one process opens it at a time).
+    #[default]
+    Edge,
+    /// A Qdrant server or cluster (any number of docent replicas share it).
+    Qdrant,
+}
+
+/// `[store]`: where chunks and the document catalog live.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    pub kind: StoreKind,
+    /// The server's gRPC URL (`kind = "qdrant"`): `http://host:6334`, or `https://` for TLS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Sent as the `api-key` header (`DOCENT_STORE__API_KEY`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<String>,
+    /// Collection of the chunks; the catalog is `<collection>_catalog`.
+    pub collection: String,
+    /// Per-request timeout against the server, seconds.
+    pub timeout_s: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            kind: StoreKind::Edge,
+            url: None,
+            api_key: None,
+            collection: "docent".into(),
+            timeout_s: 10,
+        }
+    }
+}
+
+impl StoreConfig {
+    /// The index's location under this configuration (`data_dir` for the embedded one).
+    pub fn location<'a>(&self, data_dir: &'a Path) -> docent_ingest::store::Location<'a> {
+        match self.kind {
+            StoreKind::Edge => docent_ingest::store::Location::Edge { dir: data_dir },
+            StoreKind::Qdrant => docent_ingest::store::Location::Qdrant(
+                docent_ingest::store::qdrant::QdrantOptions {
+                    url: self.url.clone().unwrap_or_default(),
+                    api_key: self.api_key.clone().filter(|k| !k.is_empty()),
+                    collection: self.collection.clone(),
+                    timeout: std::time::Duration::from_secs(self.timeout_s.max(1)),
+                },
+            ),
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field, message: String| Err(ConfigError::Invalid { field, message });
+        if self.kind == StoreKind::Qdrant {
+            let url = self.url.as_deref().unwrap_or("");
+            if url.is_empty() {
+                return invalid(
+                    "store.url",
+                    "is required with store.kind = \"qdrant\": the server's gRPC URL, e.g. http://localhost:6334 (DOCENT_STORE__URL)".into(),
+                );
+            }
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return invalid(
+                    "store.url",
+                    format!("must start with http:// or https:// (TLS), got {url:?}"),
+                );
+            }
+            if url.trim_end_matches('/').ends_with(":6333") {
+                return invalid(
+                    "store.url",
+                    format!("{url} is Qdrant's REST port; docent speaks gRPC, usually port 6334"),
+                );
+            }
+        } else if self.url.is_some() {
+            return invalid(
+                "store.url",
+                "is set but store.kind is \"edge\" (the embedded engine in data_dir); set store.kind = \"qdrant\" to use the server".into(),
+            );
+        }
+        let valid_name = !self.collection.is_empty()
+            && self.collection.len() <= 200
+            && self
+                .collection
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !valid_name {
+            return invalid(
+                "store.collection",
+                format!(
+                    "must be 1-200 letters, digits, '_' or '-', got {:?}",
+                    self.collection
+                ),
+            );
+        }
+        if self.timeout_s == 0 {
+            return invalid("store.timeout_s", "must be at least 1".into());
+        }
+        Ok(())
+    }
 }
 
 /// `[citations]`: fallback attribution for answers whose sentences lack a marker.
@@ -156,143 +271,6 @@ pub struct RetrievalConfig {
     pub neighbors: usize,
 }
 
-fn default_cache_size() -> usize {
-    256
-}
-
-fn yes() -> bool {
-    true
-}
-
-fn default_prefix_cache_mib() -> usize {
-    128
-}
-
-fn default_isa() -> String {
-    "auto".into()
-}
-
-fn default_kernels() -> String {
-    "docent".into()
-}
-
-fn default_kv_cache() -> String {
-    "f32".into()
-}
-
-fn default_prefill_chunk() -> usize {
-    256
-}
-
-fn default_max_queue() -> usize {
-    32
-}
-
-fn one() -> f64 {
-    1.0
-}
-
-/// Most neighbours a hit may take on each side.
-pub const MAX_NEIGHBORS: usize = 5;
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GenerationConfig {
-    /// A GGUF file, a safetensors directory (config.json, tokenizer.json, *.safetensors), a
-    /// directory written by `uqff`, or `hf:org/name` for a Hugging Face model (online only).
-    pub model: PathBuf,
-    /// In-situ quantization of a safetensors model at load (`q4k`, `q8_0`, `q4_0`, …).
-    #[serde(default)]
-    pub isq: Option<String>,
-    /// Directory for the ISQ-quantized weights (UQFF): written on the first start, loaded
-    /// on later ones so quantization is paid once.
-    #[serde(default)]
-    pub uqff: Option<PathBuf>,
-    /// Speculative decoding: a smaller model with the same tokenizer proposes `gamma`
-    /// tokens, the target checks them in one pass. Greedy only.
-    #[serde(default)]
-    pub draft: Option<DraftConfig>,
-    /// Activation dtype: `f32` (fastest on CPU), `f16`, `bf16` or `auto`.
-    pub dtype: String,
-    /// `cpu`, or `auto` to use CUDA when built with it.
-    pub device: String,
-    pub max_tokens: usize,
-    /// Largest `max_tokens` a request may ask for.
-    pub max_tokens_limit: usize,
-    pub temperature: f64,
-    /// Nucleus sampling: keep the most likely tokens up to this probability mass (1 = off;
-    /// applies when temperature > 0).
-    #[serde(default = "one")]
-    pub top_p: f64,
-    /// Sample among the k most likely tokens (0 = off; applies when temperature > 0).
-    #[serde(default)]
-    pub top_k: usize,
-    /// 1.0 is off. Above 1 also penalises copying the context, which hurts RAG answers.
-    pub repetition_penalty: f32,
-    /// Sequences the engine schedules at once.
-    pub max_num_seqs: usize,
-    /// Tokens of context (prompt and answer) to use; 0 = the model's own length.
-    #[serde(default)]
-    pub context_tokens: usize,
-    /// The prefix cache: the KV data of finished prompts, reused by later prompts that start
-    /// the same way (a shared system prompt is computed once). Bounded by
-    /// `prefix_cache_mib`, least recently used entries evicted first.
-    #[serde(default = "yes")]
-    pub prefix_cache: bool,
-    /// The most KV data the prefix cache keeps, in MiB (0: no limit, mistral.rs's own
-    /// behaviour, under which memory grows with every distinct prompt).
-    #[serde(default = "default_prefix_cache_mib")]
-    pub prefix_cache_mib: usize,
-    /// Compute threads for generation (rayon's global pool: docent's kernels and candle's
-    /// own operations share it); 0 = one per core.
-    #[serde(default)]
-    pub threads: usize,
-    /// CPU kernels: `docent` (kernels/: quantized matmuls, tiled attention, instruction set
-    /// chosen at run time) or `candle` (mistral.rs's and candle's own, for comparison).
-    #[serde(default = "default_kernels")]
-    pub kernels: String,
-    /// The most advanced instruction set docent's kernels may use: `auto` (what the processor
-    /// has), `avx512`, `avx2` or `scalar` (for comparisons; fixed for the process once the
-    /// first model has loaded).
-    #[serde(default = "default_isa")]
-    pub isa: String,
-    /// The KV cache's element type on the CPU: `f32`, or `f16` (half the memory and the
-    /// bytes attention reads per token; keys and values rounded to F16, as llama.cpp does).
-    #[serde(default = "default_kv_cache")]
-    pub kv_cache: String,
-    /// Continuous batching on the CPU (GGUF Llama-family models, no draft model): answers of
-    /// different lengths decode together in one forward pass, and a new request joins the
-    /// running batch between steps.
-    #[serde(default = "yes")]
-    pub continuous_batching: bool,
-    /// With continuous batching, prompts are prefilled this many tokens per step, so answers
-    /// that are streaming keep going while a long prompt is read (0: whole prompts).
-    #[serde(default = "default_prefill_chunk")]
-    pub prefill_chunk_tokens: usize,
-    /// Answers generating or waiting for the engine at once; more get 429 with
-    /// `Retry-After`.
-    #[serde(default = "default_max_queue")]
-    pub max_queue: usize,
-    /// Greedy answers kept for repeated questions (same question, retrieval options and
-    /// generation parameters, unchanged index); 0 = no cache.
-    #[serde(default = "default_cache_size")]
-    pub cache_size: usize,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DraftConfig {
-    /// The draft model (same kinds of source as `generation.model`).
-    pub model: PathBuf,
-    /// Tokens the draft proposes per step.
-    #[serde(default = "default_gamma")]
-    pub gamma: usize,
-}
-
-fn default_gamma() -> usize {
-    4
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PromptsConfig {
@@ -363,18 +341,47 @@ impl Default for Config {
                 continuous_batching: true,
                 prefill_chunk_tokens: default_prefill_chunk(),
                 max_queue: default_max_queue(),
-                cache_size: default_cache_size(),
+                cache_size: crate::query::generate::default_cache_size(),
             },
             prompts: PromptsConfig {
                 dir: "prompts".into(),
             },
-            safety: crate::safety::SafetyConfig::default(),
+            safety: crate::query::safety::SafetyConfig::default(),
             citations: CitationsConfig::default(),
+            store: StoreConfig::default(),
         }
     }
 }
 
 impl Config {
+    /// The query path's defaults and limits under this configuration.
+    pub fn limits(&self) -> crate::query::Limits {
+        let c = self;
+        crate::query::Limits {
+            default_mode: c.retrieval.mode,
+            min_score: c.retrieval.min_score,
+            default_top_k: c.retrieval.top_k,
+            max_top_k: c.retrieval.max_top_k,
+            default_neighbors: c.retrieval.neighbors,
+            default_max_tokens: c.generation.max_tokens,
+            max_tokens: c.generation.max_tokens_limit,
+            default_temperature: c.generation.temperature,
+            default_top_p: c.generation.top_p,
+            default_top_k_tokens: c.generation.top_k,
+            default_repetition_penalty: c.generation.repetition_penalty,
+            max_question_chars: c.server.max_question_chars,
+            keep_alive: std::time::Duration::from_millis(c.server.keep_alive_ms.max(1)),
+            greedy_only: c.generation.draft.is_some(),
+            attribution: c
+                .citations
+                .fallback
+                .then_some(crate::query::postprocess::Attribution {
+                    add_at: c.citations.add_at,
+                    drop_below: c.citations.drop_below,
+                }),
+        }
+    }
+
     /// Defaults ← `file` (or `docent.toml` if present) ← `DOCENT_*` environment.
     pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
         let mut fig = Figment::from(Serialized::defaults(Config::default()));
@@ -403,6 +410,7 @@ impl Config {
 
     /// Checks values that do not need files.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.store.validate()?;
         let invalid = |field, message: String| Err(ConfigError::Invalid { field, message });
         if self.embedding.max_length < 3 {
             return invalid("embedding.max_length", "must be at least 3".into());
@@ -643,7 +651,7 @@ impl Config {
     /// The generation model and the prompt templates must exist (query).
     pub fn check_generation_files(&self) -> Result<(), ConfigError> {
         must_exist("generation.model", &self.generation.model, SETUP_HINT)?;
-        for t in crate::prompt::TEMPLATES {
+        for t in crate::query::prompt::TEMPLATES {
             must_exist(
                 "prompts.dir",
                 &self.prompts.dir.join(t),

@@ -1,22 +1,22 @@
 //! docent: retrieval-augmented question answering with citations people can check.
 //!
-//! The query path reads top to bottom as modules: [`retrieve`] → [`prompt`] → [`generate`]
-//! → [`postprocess`], orchestrated by [`query`] and served by [`api`]. Ingest (load → split →
-//! embed → store) lives in the `docent-ingest` crate. [`config`] is the one typed
-//! configuration; [`startup`] wires everything together.
+//! The source tree reads as the path of a request:
+//!
+//! - [`query`]: what happens to a question: [`query::embed`] (the question embedded) →
+//!   [`query::retrieve`] (hybrid search in the store) → [`query::prompt`] (the template
+//!   rendered) → [`query::generate`] (the model) → [`query::postprocess`] (stop
+//!   sequences cut, citations checked) with [`query::safety`] around it; [`query`]'s
+//!   `QueryEngine` is the one orchestration for JSON and streamed answers.
+//! - [`server`]: HTTP: [`server::routes`] (one module per resource), [`server::error`]
+//!   (the one error type and its mapping to HTTP), jobs, telemetry and
+//!   [`server::startup`] (wiring).
+//! - [`config`]: the one typed configuration.
+//! - [`tools`]: `docent eval` and `docent bench`; the service does not depend on them.
+//!
+//! Ingest (load → split → embed → store) is the `docent-ingest` crate; the store (one
+//! interface, an embedded and a server engine) is the `docent-store` crate.
 
-pub mod api;
-pub mod bench;
 pub mod config;
-pub mod documents;
-pub mod error;
-pub mod eval;
-pub mod generate;
-pub mod jobs;
-pub mod postprocess;
-pub mod prompt;
 pub mod query;
-pub mod retrieve;
-pub mod safety;
-pub mod startup;
-pub mod telemetry;
+pub mod server;
+pub mod tools;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use docent::config::Config;
 use docent::query::{QueryRequest, RetrievalOptions};
-use docent::{startup, telemetry};
+use docent::server::{startup, telemetry};
 use docent_ingest::pipeline::{Outcome, Progress};
 use docent_ingest::store::SearchMode;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -43,6 +43,24 @@ enum Command {
     Ingest {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
+    },
+    /// Copy the index (every chunk with its vectors, and the document catalog) to another
+    /// engine: a Qdrant server (`--to http://host:6334`) or the embedded engine in a
+    /// directory (`--to ./data`). The source is the configured store. Interrupted, it
+    /// resumes where it stopped when run again.
+    Migrate {
+        /// The target: a server's gRPC URL (http:// or https://) or a directory.
+        #[arg(long)]
+        to: String,
+        /// Collection on a target server (default: store.collection).
+        #[arg(long)]
+        collection: Option<String>,
+        /// API key of a target server.
+        #[arg(long, env = "QDRANT_API_KEY", hide_env_values = true)]
+        api_key: Option<String>,
+        /// Points per batch.
+        #[arg(long, default_value_t = 256)]
+        batch: usize,
     },
     /// Answer one question from the command line (same path as POST /v1/query).
     Ask {
@@ -258,15 +276,24 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if let Some(b) = bind {
                 config.server.bind = b;
             }
-            let index = startup::open_index(&config)?;
+            let index = startup::open_index(&config).await?;
             let engine = Arc::new(startup::query_engine(&config, index).await?);
             let app = startup::Application::build(&config, engine)?;
             tracing::info!(port = app.port(), data_dir = %config.data_dir.display(), "docent is listening");
             app.run_until_stopped().await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Migrate {
+            to,
+            collection,
+            api_key,
+            batch,
+        } => {
+            migrate(&config, &to, collection, api_key, batch).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Ingest { paths } => {
-            let index = startup::open_index(&config)?;
+            let index = startup::open_index(&config).await?;
             for v in index.store.recovered() {
                 println!(
                     "rolled back {} (an earlier ingest was interrupted); ingesting it again if listed",
@@ -311,11 +338,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             limit,
             json,
         } => {
-            let report = docent::safety::evaluate::injection(&dataset, &questions, limit)?;
+            let report = docent::tools::eval::safety::injection(&dataset, &questions, limit)?;
             print_report(&report, json)
         }
         Command::EvalPii { dataset, json } => {
-            let report = docent::safety::evaluate::run(&dataset)?;
+            let report = docent::tools::eval::safety::run(&dataset)?;
             print_report(&report, json)
         }
         Command::Eval {
@@ -340,26 +367,27 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         })
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            let data = docent::eval::Dataset::load(&dataset)?;
+            let data = docent::tools::eval::Dataset::load(&dataset)?;
             let data = Arc::new(data);
             let d = data.clone();
-            let evaluated =
-                tokio::task::spawn_blocking(move || docent::eval::run(&config, &d, &modes, limit))
-                    .await??;
+            let evaluated = tokio::task::spawn_blocking(move || {
+                docent::tools::eval::run(&config, &d, &modes, limit)
+            })
+            .await??;
             let mut report = evaluated.report;
             if let Some(n) = answers.filter(|&n| n > 0) {
                 // the model's own markers; the eval applies the fallback itself to compare
                 let mut config = evaluated.config.clone();
                 config.citations.fallback = false;
                 let engine = startup::query_engine(&config, evaluated.index.clone()).await?;
-                report.answers = Some(docent::eval::answers(&engine, &data, n).await?);
+                report.answers = Some(docent::tools::eval::answers(&engine, &data, n).await?);
             }
             print_report(&report, json)
         }
         Command::Bench(Bench::Ingest { corpus, common }) => {
             let (peer, json) = common.apply(&mut config, "scripts/bench_ingest_peer.py")?;
             let result = tokio::task::spawn_blocking(move || {
-                docent::bench::ingest(&config, &corpus, peer.as_ref())
+                docent::tools::bench::ingest(&config, &corpus, peer.as_ref())
             })
             .await??;
             print_report(&result, json)
@@ -385,7 +413,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 seconds > 0.0 && warmup >= 0.0,
                 "--seconds must be positive and --warmup not negative"
             );
-            let opts = docent::bench::query::Options {
+            let opts = docent::tools::bench::query::Options {
                 docent: std::env::current_exe()?,
                 corpus,
                 sizes,
@@ -398,9 +426,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 peer,
                 compare: 50,
             };
-            let result =
-                tokio::task::spawn_blocking(move || docent::bench::query::run(&config, &opts))
-                    .await??;
+            let result = tokio::task::spawn_blocking(move || {
+                docent::tools::bench::query::run(&config, &opts)
+            })
+            .await??;
             print_report(&result, json)
         }
         Command::Bench(Bench::Generate {
@@ -458,7 +487,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 "scripts/bench_generate_peer.py",
                 "scripts/bench-generate-venv.sh (or `make bench-generate`)",
             )?;
-            let opts = docent::bench::generate::Options {
+            let opts = docent::tools::bench::generate::Options {
                 models,
                 dtype,
                 prompt_tokens,
@@ -479,7 +508,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         .prefill_chunk_tokens,
                 ),
             };
-            let result = docent::bench::generate::run(&opts).await?;
+            let result = docent::tools::bench::generate::run(&opts).await?;
             print_report(&result, json)
         }
         Command::Ask {
@@ -487,7 +516,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
             top_k,
         } => {
-            let index = startup::open_index(&config)?;
+            let index = startup::open_index(&config).await?;
             let engine = startup::query_engine(&config, index).await?;
             let response = engine
                 .answer(QueryRequest {
@@ -522,7 +551,7 @@ impl BenchArgs {
         self,
         config: &mut Config,
         script: &str,
-    ) -> anyhow::Result<(Option<docent::bench::Peer>, bool)> {
+    ) -> anyhow::Result<(Option<docent::tools::bench::Peer>, bool)> {
         if let Some(d) = self.model_dir {
             config.embedding.model_dir = d;
         }
@@ -543,7 +572,7 @@ fn python_peer(
     python: PathBuf,
     script: &str,
     setup: &str,
-) -> anyhow::Result<Option<docent::bench::Peer>> {
+) -> anyhow::Result<Option<docent::tools::bench::Peer>> {
     if no_peer {
         return Ok(None);
     }
@@ -552,7 +581,7 @@ fn python_peer(
         "{} not found: run {setup}, or pass --no-peer",
         python.display()
     );
-    Ok(Some(docent::bench::Peer {
+    Ok(Some(docent::tools::bench::Peer {
         python,
         script: script.into(),
     }))
@@ -610,6 +639,84 @@ fn default_query_corpus() -> Vec<PathBuf> {
 
 /// The ingest progress bar (hidden when stderr is not a terminal): bytes of input, files,
 /// chunks, chunks per second and the estimated time left.
+/// `docent migrate`: the configured store copied to `to`, with a progress bar.
+async fn migrate(
+    config: &Config,
+    to: &str,
+    collection: Option<String>,
+    api_key: Option<String>,
+    batch: usize,
+) -> anyhow::Result<()> {
+    use docent::config::{StoreConfig, StoreKind};
+    let target = if to.starts_with("http://") || to.starts_with("https://") {
+        StoreConfig {
+            kind: StoreKind::Qdrant,
+            url: Some(to.to_string()),
+            api_key,
+            collection: collection.unwrap_or_else(|| config.store.collection.clone()),
+            ..config.store.clone()
+        }
+    } else {
+        StoreConfig {
+            kind: StoreKind::Edge,
+            url: None,
+            ..StoreConfig::default()
+        }
+    };
+    let target_dir = PathBuf::from(to);
+    if target
+        .location(&target_dir)
+        .same_as(&config.store.location(&config.data_dir))
+    {
+        anyhow::bail!(
+            "--to names the configured store itself; give another URL, collection or directory"
+        );
+    }
+    let index = startup::open_index(config).await?;
+    let location = target.location(&target_dir);
+    let destination = docent_ingest::store::open_index(&location, index.embedder.dim()).await?;
+    println!(
+        "copying {} chunks from {} to {}",
+        index.store.len().await?,
+        index.store.index().describe(),
+        destination.describe()
+    );
+    let bar = MigrateBar(ProgressBar::new(0));
+    bar.0.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} chunks, ETA {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let copied =
+        docent_ingest::store::migrate::copy(&**index.store.index(), &*destination, batch, &bar)
+            .await?;
+    bar.0.finish_and_clear();
+    println!(
+        "copied {} chunks{}; the target holds {} chunks. Point [store] at it to use it.",
+        copied.points,
+        if copied.resumed {
+            " (resumed an interrupted copy)"
+        } else {
+            ""
+        },
+        copied.target_points
+    );
+    Ok(())
+}
+
+struct MigrateBar(ProgressBar);
+
+impl docent_ingest::store::migrate::Progress for MigrateBar {
+    fn start(&self, total: usize, already: usize) {
+        self.0.set_length(total as u64);
+        self.0.set_position(already as u64);
+    }
+    fn advance(&self, points: usize) {
+        self.0.inc(points as u64);
+    }
+}
+
 struct Bar {
     bar: ProgressBar,
     files: std::sync::atomic::AtomicUsize,

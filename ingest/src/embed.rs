@@ -8,11 +8,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
+pub use docent_store::{Embedding, SparseVector};
 use fastembed::{
     InitOptionsUserDefined, Pooling, TextEmbedding, TokenizerFiles, UserDefinedEmbeddingModel,
 };
 use qdrant_edge::bm25_embed::{EdgeBm25, EdgeBm25Config};
-use qdrant_edge::SparseVector;
 use tokenizers::Tokenizer;
 
 use crate::{Error, Result};
@@ -39,13 +39,6 @@ pub struct EmbedderConfig {
     pub threads: usize,
     /// Texts per ONNX run.
     pub batch_size: usize,
-}
-
-/// Dense and sparse vectors for one text.
-#[derive(Debug, Clone)]
-pub struct Embedding {
-    pub dense: Vec<f32>,
-    pub sparse: SparseVector,
 }
 
 /// Embeds texts. Cheap to share (`Arc`); the ONNX session runs one batch at a time.
@@ -202,12 +195,21 @@ impl Embedder {
 
     /// The BM25 vector of a document (chunk) text; cheap, needs no model.
     pub fn embed_sparse_document(&self, text: &str) -> SparseVector {
-        self.bm25.embed_document(text)
+        sparse(self.bm25.embed_document(text))
     }
 
     /// The BM25 vector of a query (term weights 1; the engine applies IDF).
     pub fn embed_sparse_query(&self, text: &str) -> SparseVector {
-        self.bm25.embed_query(text)
+        sparse(self.bm25.embed_query(text))
+    }
+}
+
+/// The engine's BM25 vector as the store's type (the store, not the embedder, knows
+/// which engine holds it).
+fn sparse(v: qdrant_edge::SparseVector) -> SparseVector {
+    SparseVector {
+        indices: v.indices,
+        values: v.values,
     }
 }
 

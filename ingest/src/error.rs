@@ -41,8 +41,8 @@ pub enum Error {
     Tokenizer(String),
     #[error("chunking: {0}")]
     Split(String),
-    #[error("vector store: {0}")]
-    Store(String),
+    #[error(transparent)]
+    Store(#[from] docent_store::Error),
     #[error("invalid configuration: {0}")]
     Config(String),
 }

@@ -7,7 +7,7 @@
 //! | load  | [`load`]  | [`load::Document`] from a file on disk |
 //! | split | [`split`] | [`split::Splitter`]: token-aware chunks with byte spans |
 //! | embed | [`embed`] | [`embed::Embedder`]: dense (ONNX via fastembed) + BM25 sparse vectors |
-//! | store | [`store`] | [`store::Store`]: the embedded Qdrant engine (qdrant-edge) |
+//! | store | [`store`] (the `docent-store` crate) | [`store::Store`] over a [`store::VectorIndex`]: embedded (qdrant-edge) or a Qdrant server |
 //!
 //! [`pipeline::Ingestor`] is the one place that knows the order of the stages; the CLI
 //! and the HTTP service both call it. The query path reuses [`embed::Embedder`] and
@@ -19,6 +19,7 @@ pub mod error;
 pub mod load;
 pub mod pipeline;
 pub mod split;
-pub mod store;
+/// Stage 4, **store**: the `docent-store` crate (one interface, two engines).
+pub use docent_store as store;
 
 pub use error::{Error, Result};

@@ -11,7 +11,7 @@ use tracing::{debug, info_span, warn};
 use crate::embed::{Embedder, Embedding};
 use crate::load::{self, Document};
 use crate::split::{Chunk, Splitter};
-use crate::store::{ChunkPayload, Origin, Span, Store, Version};
+use crate::store::{block_on, ChunkPayload, Origin, Span, Store, Version};
 use crate::{Error, Result};
 
 /// What happened to one document.
@@ -214,8 +214,8 @@ impl Ingestor {
     }
 
     /// Makes everything written so far durable.
-    pub fn flush(&self) {
-        self.store.flush();
+    pub fn flush(&self) -> Result<()> {
+        Ok(block_on(self.store.flush())?)
     }
 
     /// Ingests files and directories. A file that fails is reported and leaves nothing
@@ -305,7 +305,11 @@ impl Ingestor {
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         self.write(&p.doc, p.chunks, &on_batch)
                     }))
-                    .unwrap_or_else(|_| Err(Error::Store("writing the document panicked".into())))
+                    .unwrap_or_else(|_| {
+                        Err(Error::Store(docent_store::Error::Engine(
+                            "writing the document panicked".into(),
+                        )))
+                    })
                 });
                 progress.advance(i, 0, 0, size.saturating_sub(advanced.get()));
                 if let Err(e) = &result {
@@ -316,13 +320,15 @@ impl Ingestor {
                 results.push(result);
             }
         });
-        self.store.flush();
+        if let Err(e) = block_on(self.store.flush()) {
+            warn!(error = %e, "could not flush the index");
+        }
         let wrote = results
             .iter()
             .any(|r| matches!(r, Ok(Outcome::Ingested { .. })));
         if self.config.optimize && wrote {
             let started = std::time::Instant::now();
-            match self.store.optimize() {
+            match block_on(self.store.optimize()) {
                 Ok(changed) => debug!(
                     changed,
                     seconds = started.elapsed().as_secs_f64(),
@@ -340,7 +346,7 @@ impl Ingestor {
             Input::File(path) => load::load_file(&path)?,
             Input::Document(doc) => doc,
         };
-        let stored = self.store.stored_chunks(&doc.id, &self.fingerprint())?;
+        let stored = block_on(self.store.stored_chunks(&doc.id, &self.fingerprint()))?;
         let chunks = (stored == 0).then(|| self.splitter.split(&doc));
         if chunks.is_some() {
             // the chunks carry the text from here on: do not hold a big document twice
@@ -375,9 +381,7 @@ impl Ingestor {
             document_id: doc.id.clone(),
             source: doc.source.clone(),
         };
-        let replaces: Vec<Version> = self
-            .store
-            .documents_of_source(&doc.source)?
+        let replaces: Vec<Version> = block_on(self.store.documents_of_source(&doc.source))?
             .into_iter()
             .filter(|id| *id != doc.id)
             .map(|document_id| Version {
@@ -385,8 +389,8 @@ impl Ingestor {
                 source: doc.source.clone(),
             })
             .collect();
-        let stored = self.store.stored_chunks(&doc.id, &pipeline)?;
-        let origins = self.store.origins(&doc.id)?;
+        let stored = block_on(self.store.stored_chunks(&doc.id, &pipeline))?;
+        let origins = block_on(self.store.origins(&doc.id))?;
         if stored > 0 {
             let known = origins.iter().find(|o| o.source == doc.source);
             if known == Some(&origin) && replaces.is_empty() {
@@ -394,7 +398,7 @@ impl Ingestor {
                     document_id: doc.id.clone(),
                 });
             }
-            self.store.publish(&version, Some(&origin), &replaces)?;
+            block_on(self.store.publish(&version, Some(&origin), &replaces))?;
             return Ok(if known.is_some() {
                 Outcome::Unchanged {
                     document_id: doc.id.clone(),
@@ -408,7 +412,7 @@ impl Ingestor {
         }
         // new content, or content stored with other settings: (re)write it for every source
         if !origins.is_empty() {
-            self.store.delete_document(&doc.id)?;
+            block_on(self.store.delete_document(&doc.id))?;
         }
         let mut all_origins: Vec<Origin> = origins
             .into_iter()
@@ -418,15 +422,17 @@ impl Ingestor {
         let chunks = chunks.unwrap_or_else(|| self.splitter.split(doc));
         let n = chunks.len();
         // Written batch by batch while hidden from search; shown in one step at the end.
-        self.store.begin(&version)?;
-        if let Err(e) = self.embed_and_store(doc, chunks, &pipeline, &all_origins, on_batch) {
+        block_on(self.store.begin(&version))?;
+        if let Err(e) =
+            self.embed_and_store(doc, &version, chunks, &pipeline, &all_origins, on_batch)
+        {
             // leave nothing of a failed document behind
-            if let Err(abort) = self.store.abort(&version) {
+            if let Err(abort) = block_on(self.store.abort(&version)) {
                 warn!(error = %abort, "could not remove a partly written document");
             }
             return Err(e);
         }
-        if let Err(e) = self.store.publish(&version, None, &replaces) {
+        if let Err(e) = block_on(self.store.publish(&version, None, &replaces)) {
             // the new version is visible; an old one may linger until the next run
             warn!(error = %e, "could not remove the previous version");
         }
@@ -443,6 +449,7 @@ impl Ingestor {
     fn embed_and_store(
         &self,
         doc: &Document,
+        version: &Version,
         chunks: Vec<Chunk>,
         pipeline: &str,
         origins: &[Origin],
@@ -467,9 +474,11 @@ impl Ingestor {
                             (p, Embedding { dense, sparse })
                         })
                         .collect();
-                    self.store.upsert(points)?;
+                    block_on(self.store.upsert(points))?;
                     if unflushed >= self.config.flush_every.max(1) {
-                        self.store.flush();
+                        block_on(self.store.flush())?;
+                        // still alive: other replicas must not take this write for a dead one's
+                        block_on(self.store.touch(version))?;
                         unflushed = 0;
                     }
                 }
@@ -498,9 +507,11 @@ impl Ingestor {
                 on_batch(k, n);
             };
             drop(tx);
-            let written = writer
-                .join()
-                .unwrap_or_else(|_| Err(Error::Store("the store writer panicked".into())));
+            let written = writer.join().unwrap_or_else(|_| {
+                Err(Error::Store(docent_store::Error::Engine(
+                    "the store writer panicked".into(),
+                )))
+            });
             embedded.and(written)
         })
     }

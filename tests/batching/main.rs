@@ -6,9 +6,9 @@
 #[path = "../integration/helpers.rs"]
 mod helpers;
 
-use docent::bench::generate::stall;
 use docent::config::{Config, GenerationConfig};
-use docent::generate::{cpu_kernels, Generator};
+use docent::query::generate::{cpu_kernels, Generator};
+use docent::tools::bench::generate::stall;
 
 use helpers::{models, shared};
 

@@ -13,12 +13,12 @@ use crate::helpers::{config, docent_cmd, run_ok, rust_book};
 /// (id, source, chunks, chunks_total) of every stored document.
 fn snapshot(dir: &std::path::Path) -> (Vec<(String, String, usize, usize)>, usize) {
     let c = config(dir);
-    let index = docent::startup::open_index(&c).expect("open after kill");
+    let index = docent::server::startup::open_index_blocking(&c).expect("open after kill");
     let store: &Store = &index.store;
     let recovered = store.recovered().len();
-    let (docs, more) = store
-        .documents(&SearchFilter::default(), None, 100_000)
-        .unwrap();
+    let (docs, more) =
+        docent_ingest::store::block_on(store.documents(&SearchFilter::default(), None, 100_000))
+            .unwrap();
     assert!(!more);
     let out = docs
         .into_iter()

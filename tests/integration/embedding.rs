@@ -93,7 +93,7 @@ fn int8_model_agrees_with_fp32_through_fastembed() {
 /// question) gives the same vectors as embedding each question alone.
 #[test]
 fn concurrent_questions_are_batched_with_unchanged_vectors() {
-    use docent::retrieve::QueryBatcher;
+    use docent::query::embed::QueryBatcher;
     use std::sync::{Arc, Barrier};
     let embedder = Arc::new(
         Embedder::load(EmbedderConfig {

@@ -2,7 +2,7 @@
 //! from karpathy's llama2.c (200 positions from BOS, temperature 0).
 
 use docent::config::Config;
-use docent::generate::Generator;
+use docent::query::generate::Generator;
 
 use crate::helpers::shared;
 
@@ -18,12 +18,12 @@ async fn stories260k_greedy_matches_llama2c() {
 
     // The prompt is the BOS token itself (id 1), as in llama2.c; a text prompt through a
     // chat template would not start from BOS. 200 positions = 200 generated tokens.
-    let (matmuls, attentions) = docent::generate::cpu_kernels::calls();
+    let (matmuls, attentions) = docent::query::generate::cpu_kernels::calls();
     let g = generator.complete_tokens(vec![1], 200).await.unwrap();
     let ids = g.token_ids.clone().expect("token ids");
     assert_eq!(ids.len(), 200);
     // The forward passes ran on docent's kernels (kernels/), not candle's.
-    let (m, a) = docent::generate::cpu_kernels::calls();
+    let (m, a) = docent::query::generate::cpu_kernels::calls();
     assert!(
         m >= matmuls + 200 * 7,
         "matmuls through docent's kernels: {}",
@@ -158,7 +158,7 @@ async fn safetensors_isq_and_uqff_sources_agree() {
     c.isq = None;
     c.uqff = None;
     match Generator::load(&c).await {
-        Err(docent::generate::GenerateError::ModelMissing { path }) => {
+        Err(docent::query::generate::GenerateError::ModelMissing { path }) => {
             assert!(path.ends_with("no-such-model"))
         }
         Err(e) => panic!("expected ModelMissing, got {e}"),

@@ -3,7 +3,7 @@ use std::process::Command;
 use std::sync::{Arc, OnceLock};
 
 use docent::config::Config;
-use docent::startup;
+use docent::server::startup;
 
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -138,7 +138,7 @@ pub fn serve(config: Config) -> String {
             .build()
             .expect("runtime");
         rt.block_on(async move {
-            let index = startup::open_index(&config).expect("open index");
+            let index = startup::open_index(&config).await.expect("open index");
             let engine = Arc::new(startup::query_engine(&config, index).await.expect("engine"));
             let app = startup::Application::build(&config, engine).expect("bind");
             tx.send(app.port()).expect("send port");
@@ -171,8 +171,8 @@ pub fn server_over(
     let mut config = config(&dir.path().join("index"));
     adjust(&mut config);
     {
-        let index = docent::startup::open_index(&config).unwrap();
-        let ingestor = docent::startup::ingestor(&config, &index).unwrap();
+        let index = docent::server::startup::open_index_blocking(&config).unwrap();
+        let ingestor = docent::server::startup::ingestor(&config, &index).unwrap();
         let report = ingestor
             .ingest_paths(files, &docent_ingest::pipeline::Silent)
             .unwrap();

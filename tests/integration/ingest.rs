@@ -1,8 +1,9 @@
 //! The ingest pipeline on the real embedding model and the real embedded Qdrant engine.
 
+use docent_ingest::store::block_on;
 use std::sync::Arc;
 
-use docent::startup;
+use docent::server::startup;
 use docent_ingest::pipeline::{Outcome, Silent};
 
 use crate::helpers::config;
@@ -20,7 +21,7 @@ fn reingest_is_incremental_and_failures_leave_nothing() {
     std::fs::write(docs.join("b.txt"), "Beta is a short plain text file.").unwrap();
 
     let c = config(&dir.path().join("index"));
-    let index = startup::open_index(&c).unwrap();
+    let index = startup::open_index_blocking(&c).unwrap();
     let ingestor = startup::ingestor(&c, &index).unwrap();
     let store = Arc::clone(&index.store);
 
@@ -29,7 +30,7 @@ fn reingest_is_incremental_and_failures_leave_nothing() {
         .unwrap();
     assert_eq!(r.ingested.len(), 2);
     assert!(r.failed.is_empty());
-    let first = store.len().unwrap();
+    let first = block_on(store.len()).unwrap();
     assert!(
         first >= 3,
         "a.md should need several chunks, got {first} in total"
@@ -41,7 +42,7 @@ fn reingest_is_incremental_and_failures_leave_nothing() {
         .ingest_paths(std::slice::from_ref(&docs), &Silent)
         .unwrap();
     assert_eq!(r.unchanged.len(), 2);
-    assert_eq!(store.len().unwrap(), first);
+    assert_eq!(block_on(store.len()).unwrap(), first);
 
     // changed: the old version's chunks are replaced, not kept beside the new ones
     std::fs::write(&a, "# Alpha\n\nNow a single short paragraph.\n").unwrap();
@@ -56,11 +57,10 @@ fn reingest_is_incremental_and_failures_leave_nothing() {
         panic!("{r:?}")
     };
     assert_eq!(*chunks, 1);
-    assert_eq!(store.len().unwrap(), 2);
+    assert_eq!(block_on(store.len()).unwrap(), 2);
     let source = a.canonicalize().unwrap().display().to_string();
     assert_eq!(
-        store
-            .documents_of_source(&source)
+        block_on(store.documents_of_source(&source))
             .unwrap()
             .into_iter()
             .collect::<Vec<_>>(),
@@ -76,11 +76,10 @@ fn reingest_is_incremental_and_failures_leave_nothing() {
     assert_eq!(r.failed.len(), 1);
     assert!(r.failed[0].0.ends_with("bad.txt"));
     assert!(r.failed[0].1.contains("binary"), "{}", r.failed[0].1);
-    assert_eq!(store.len().unwrap(), 2);
+    assert_eq!(block_on(store.len()).unwrap(), 2);
 
     // search finds the right chunk with a checkable span
-    let hits = index
-        .retrieve("What is Beta?", 1, &Default::default())
+    let hits = block_on(index.retrieve("What is Beta?", 1, &Default::default()))
         .unwrap()
         .hits;
     let p = &hits[0].payload;
@@ -95,7 +94,7 @@ fn chunks_never_exceed_the_embedding_limit() {
     let mut c = config(&dir.path().join("index"));
     c.chunking.max_tokens = 254;
     c.chunking.overlap = 0;
-    let index = startup::open_index(&c).unwrap();
+    let index = startup::open_index_blocking(&c).unwrap();
     let ingestor = startup::ingestor(&c, &index).unwrap();
     // long words, a long line without spaces, CJK and code
     let text = format!(
@@ -129,16 +128,15 @@ fn same_content_at_two_sources_is_stored_once_and_changed_settings_rewrite_it() 
     std::fs::write(&x, "# Shared\n\nThe same licence text.\n").unwrap();
     std::fs::write(&y, "# Shared\n\nThe same licence text.\n").unwrap();
     let missing = dir.path().join("missing.md");
-    let licence = |index: &docent::retrieve::Index| {
-        index
-            .retrieve("the same licence text", 5, &Default::default())
+    let licence = |index: &docent::query::retrieve::Index| {
+        block_on(index.retrieve("the same licence text", 5, &Default::default()))
             .unwrap()
             .hits
     };
 
     let mut c = config(&dir.path().join("index"));
     {
-        let index = startup::open_index(&c).unwrap();
+        let index = startup::open_index_blocking(&c).unwrap();
         let ingestor = startup::ingestor(&c, &index).unwrap();
         // a missing path is reported; the other files are still ingested, in input order
         let r = ingestor
@@ -151,7 +149,7 @@ fn same_content_at_two_sources_is_stored_once_and_changed_settings_rewrite_it() 
         assert_eq!(r.failed.len(), 1);
         assert!(r.failed[0].1.contains("missing.md"), "{:?}", r.failed);
         // one copy of the content, held by both paths
-        assert_eq!(index.store.len().unwrap(), 1);
+        assert_eq!(block_on(index.store.len()).unwrap(), 1);
         let hits = licence(&index);
         assert_eq!(hits.len(), 1, "search returns the content once");
         assert!(hits[0].payload.source.ends_with("x.md"));
@@ -175,16 +173,16 @@ fn same_content_at_two_sources_is_stored_once_and_changed_settings_rewrite_it() 
         assert_eq!(shared.len(), 1);
         assert!(shared[0].payload.source.ends_with("y.md"));
         assert_eq!(shared[0].payload.sources.len(), 1);
-        assert_eq!(index.store.len().unwrap(), 2);
+        assert_eq!(block_on(index.store.len()).unwrap(), 2);
     }
     // other chunking settings: nothing is "unchanged", every file is made again
     c.chunking.max_tokens = 64;
     c.chunking.overlap = 8;
-    let index = startup::open_index(&c).unwrap();
+    let index = startup::open_index_blocking(&c).unwrap();
     let ingestor = startup::ingestor(&c, &index).unwrap();
     let r = ingestor.ingest_paths(&[x, y], &Silent).unwrap();
     assert_eq!(r.ingested.len(), 2, "{r:?}");
-    assert_eq!(index.store.len().unwrap(), 2);
+    assert_eq!(block_on(index.store.len()).unwrap(), 2);
 }
 
 /// `docent bench ingest` measures the same chunks in both rows (without the Python peer,
@@ -202,7 +200,7 @@ fn ingest_benchmark_runs_docent_and_the_raw_session_over_the_same_chunks() {
         std::fs::write(corpus.join(format!("p{i}.md")), body).unwrap();
     }
     let c = config(&dir.path().join("unused"));
-    let b = docent::bench::ingest(&c, &corpus, None).unwrap();
+    let b = docent::tools::bench::ingest(&c, &corpus, None).unwrap();
     assert_eq!(b.files, 3);
     assert_eq!(b.rows.len(), 2);
     assert!(b.rows[0].chunks > 3, "{:?}", b.rows);

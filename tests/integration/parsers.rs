@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use docent::startup;
+use docent::server::startup;
 use docent_ingest::load::{self, Document};
 use docent_ingest::pipeline::Silent;
 use docent_ingest::Error;
@@ -149,19 +149,18 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 fn pdf_chunks_carry_their_page() {
     let dir = tempfile::tempdir().unwrap();
     let c = config(&dir.path().join("index"));
-    let index = startup::open_index(&c).unwrap();
+    let index = startup::open_index_blocking(&c).unwrap();
     let ingestor = startup::ingestor(&c, &index).unwrap();
     let pdf = samples().join("pdf/list-item-example.pdf");
     let r = ingestor.ingest_paths(&[pdf], &Silent).unwrap();
     assert_eq!(r.ingested.len(), 1, "{r:?}");
-    let hits = index
-        .retrieve(
-            "Module One Introduction to Product Development",
-            5,
-            &Default::default(),
-        )
-        .unwrap()
-        .hits;
+    let hits = docent_ingest::store::block_on(index.retrieve(
+        "Module One Introduction to Product Development",
+        5,
+        &Default::default(),
+    ))
+    .unwrap()
+    .hits;
     assert!(hits.iter().all(|h| h.payload.page.is_some()));
     assert!(hits.iter().any(|h| h.payload.page == Some(1)));
 }

@@ -115,8 +115,8 @@ async fn strict_settings_block_and_drop() {
     let (_doc, path) = document();
     let (_dir, address) = server_over(&[path], |c| {
         c.generation.cache_size = 0;
-        c.safety.question_injection = docent::safety::QuestionInjection::Block;
-        c.safety.chunk_injection = docent::safety::ChunkInjection::Drop;
+        c.safety.question_injection = docent::query::safety::QuestionInjection::Block;
+        c.safety.chunk_injection = docent::query::safety::ChunkInjection::Drop;
         c.safety.deny = vec!["(?i)refund".into()];
     });
     let c = client();

@@ -7,6 +7,8 @@
 //! share of a query's relevant documents in the top k, averaged), MRR@10, nDCG@10 (binary
 //! gains), and latency p50/p99 = the query's embedding time + that mode's search time.
 
+pub mod safety;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -15,11 +17,11 @@ use std::time::Instant;
 use anyhow::Context;
 use docent_ingest::load::{Document, Format};
 use docent_ingest::pipeline::{Input, Silent};
-use docent_ingest::store::{SearchFilter, SearchMode};
+use docent_ingest::store::{block_on, SearchFilter, SearchMode};
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
-use crate::startup;
+use crate::server::startup;
 
 /// Documents ranked per query (chunks beyond this are not looked at).
 pub const DEPTH: usize = 10;
@@ -297,9 +299,9 @@ pub const ANSWER_TOKENS: usize = 64;
 /// The index an evaluation built, kept for the answer run.
 pub struct Evaluated {
     pub report: EvalReport,
-    pub index: crate::retrieve::Index,
+    pub index: crate::query::retrieve::Index,
     pub config: Config,
-    _tmp: crate::bench::RemoveOnDrop,
+    _tmp: RemoveOnDrop,
 }
 
 /// Whether `text` contains one of the gold answers (case-insensitive, trimmed; empty gold
@@ -354,9 +356,11 @@ pub async fn answers(
         let mut any_good = false;
         for c in &response.citations {
             citations += 1;
-            let store = engine.index.store.clone();
-            let (id, i) = (c.document_id.clone(), c.chunk_index);
-            let chunk = tokio::task::spawn_blocking(move || store.chunk(&id, i)).await??;
+            let chunk = engine
+                .index
+                .store
+                .chunk(&c.document_id, c.chunk_index)
+                .await?;
             let good = chunk.is_some_and(|p| contains(&p.text, &golds));
             good_citations += usize::from(good);
             any_good |= good;
@@ -389,16 +393,17 @@ pub async fn answers(
             .collect();
         let texts: Vec<String> = hits.iter().map(|h| h.payload.text.clone()).collect();
         let good_block = |n: usize| texts.get(n - 1).is_some_and(|t| contains(t, &golds));
-        let tally = |cits: &[crate::postprocess::Citation]| {
+        let tally = |cits: &[crate::query::postprocess::Citation]| {
             (cits.len(), cits.iter().filter(|c| good_block(c.n)).count())
         };
-        let (answer, model) = crate::postprocess::cite(&response.answer, &hits);
+        let (answer, model) = crate::query::postprocess::cite(&response.answer, &hits);
         per_setting[0].push(tally(&model));
-        let claims = crate::postprocess::claims(&answer);
+        let claims = crate::query::postprocess::claims(&answer);
         let support = engine.support(&claims, &texts).await?;
         for (i, &(add_at, drop_below)) in ATTRIBUTION_SWEEP.iter().enumerate() {
-            let a = crate::postprocess::Attribution { add_at, drop_below };
-            let (_, cits) = crate::postprocess::attribute(&answer, &claims, &support, &hits, a);
+            let a = crate::query::postprocess::Attribution { add_at, drop_below };
+            let (_, cits) =
+                crate::query::postprocess::attribute(&answer, &claims, &support, &hits, a);
             per_setting[i + 1].push(tally(&cits));
         }
     }
@@ -550,10 +555,10 @@ pub fn run(
     limit: Option<usize>,
 ) -> anyhow::Result<Evaluated> {
     let tmp = std::env::temp_dir().join(format!("docent-eval-{}", std::process::id()));
-    let cleanup = crate::bench::RemoveOnDrop(tmp.clone());
+    let cleanup = RemoveOnDrop(tmp.clone());
     let mut config = config.clone();
     config.data_dir = tmp;
-    let index = startup::open_index(&config)?;
+    let index = startup::open_index_blocking(&config)?;
     let ingestor = startup::ingestor(&config, &index)?;
 
     let inputs: Vec<Input> = data
@@ -572,7 +577,7 @@ pub fn run(
         r.context("ingesting the corpus")?;
     }
     let ingest_seconds = started.elapsed().as_secs_f64();
-    let chunks = index.store.len()?;
+    let chunks = block_on(index.store.len())?;
 
     // questions with relevant documents, and those marked unanswerable
     let queries: Vec<&QueryLine> = data
@@ -587,19 +592,17 @@ pub fn run(
     let mut best_scores: Vec<(f32, bool)> = Vec::new();
     for q in queries {
         let t = Instant::now();
-        let embedded = index.embed_query(&q.text)?;
+        let embedded = block_on(index.embed_query(&q.text))?;
         let embed_ms = t.elapsed().as_secs_f64() * 1e3;
-        let best = index
-            .store
-            .search_scores(
-                &embedded,
-                SearchMode::Dense,
-                &index.fusion.without_mmr(),
-                1,
-                &none,
-            )?
-            .first()
-            .map_or(f32::MIN, |h| h.1);
+        let best = block_on(index.store.search_scores(
+            &embedded,
+            SearchMode::Dense,
+            &index.fusion.without_mmr(),
+            1,
+            &none,
+        ))?
+        .first()
+        .map_or(f32::MIN, |h| h.1);
         let Some(relevant) = data.qrels.get(&q.id) else {
             best_scores.push((best, false));
             continue;
@@ -608,7 +611,7 @@ pub fn run(
         for (mode, acc) in modes.iter().zip(acc.iter_mut()) {
             let t = Instant::now();
             // more chunks than documents: a long document may fill several places
-            let hits = index.rank(&embedded, 2 * DEPTH, *mode, &none)?.hits;
+            let hits = block_on(index.rank(&embedded, 2 * DEPTH, *mode, &none))?.hits;
             let ms = embed_ms + t.elapsed().as_secs_f64() * 1e3;
             let top10: HashSet<&str> = hits
                 .iter()
@@ -618,7 +621,7 @@ pub fn run(
             acc.distinct += top10.len();
             if let Some(golds) = data.answers.get(&q.id) {
                 let mut context: Vec<_> = hits.iter().take(top_k).cloned().collect();
-                index.expand(&mut context, config.retrieval.neighbors)?;
+                block_on(index.expand(&mut context, config.retrieval.neighbors))?;
                 let text: Vec<&str> = context.iter().map(|h| h.payload.text.as_str()).collect();
                 let text = text.join("\n");
                 acc.with_gold += 1;
@@ -786,6 +789,14 @@ impl std::fmt::Display for EvalReport {
             }
         }
         Ok(())
+    }
+}
+
+/// Removes a temporary directory when dropped.
+pub(crate) struct RemoveOnDrop(pub(crate) std::path::PathBuf);
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

@@ -8,8 +8,8 @@ use actix_web::{HttpRequest, HttpResponse};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::generate::GenerateError;
-use crate::prompt::PromptError;
+use crate::query::generate::GenerateError;
+use crate::query::prompt::PromptError;
 use crate::query::QueryError;
 
 #[derive(Debug, Serialize)]

@@ -1,8 +1,6 @@
 //! Stage **retrieve**: embeds the question with the ingest pipeline's embedder and searches
 //! its store. Nothing here re-implements either.
 
-mod batcher;
-
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,9 +9,13 @@ use docent_ingest::embed::{Embedder, Embedding};
 use docent_ingest::store::{point_id, Fusion, Hit, SearchFilter, SearchMode, Span, Store};
 use serde::Serialize;
 
-pub use batcher::QueryBatcher;
+use crate::query::embed::QueryBatcher;
 
 /// The embedder and the store, opened once and shared by ingest and query.
+/// Most neighbours a hit may take on each side.
+pub const MAX_NEIGHBORS: usize = 5;
+
+/// (Questions are embedded in [`crate::query::embed`].)
 #[derive(Clone)]
 pub struct Index {
     pub embedder: Arc<Embedder>,
@@ -54,22 +56,22 @@ pub struct Retrieved {
 }
 
 impl Index {
-    /// Blocking: runs the ONNX model and the vector search. Call from a blocking thread.
-    pub fn retrieve(
+    /// The best `top_k` chunks for a question under the configured mode.
+    pub async fn retrieve(
         &self,
         question: &str,
         top_k: usize,
         only: &SearchFilter,
     ) -> docent_ingest::Result<Retrieved> {
-        Ok(self.retrieve_scored(question, top_k, self.mode, only)?.0)
+        Ok(self
+            .retrieve_scored(question, top_k, self.mode, only)
+            .await?
+            .0)
     }
 
-    /// Dense (batched with concurrent questions) and BM25 vectors of a question.
-    pub fn embed_query(&self, question: &str) -> docent_ingest::Result<Embedding> {
-        Ok(Embedding {
-            dense: self.queries.embed(question)?,
-            sparse: self.embedder.embed_sparse_query(question),
-        })
+    /// The question's dense and BM25 vectors ([`QueryBatcher::embed_question`]).
+    pub async fn embed_query(&self, question: &str) -> docent_ingest::Result<Embedding> {
+        self.queries.embed_question(question).await
     }
 
     /// The best `top_k` chunks for an embedded question under `mode`, with the candidate
@@ -79,7 +81,7 @@ impl Index {
     /// `top_k × fusion.candidates` deep, ids and scores only); the ranking is one of them
     /// or their fusion ([`Fusion::fuse`], the engine's own formulas), and only the
     /// `top_k` chunks it keeps are read. With MMR the engine re-ranks (a third search).
-    pub fn rank(
+    pub async fn rank(
         &self,
         query: &Embedding,
         top_k: usize,
@@ -88,14 +90,16 @@ impl Index {
     ) -> docent_ingest::Result<Ranked> {
         let depth = top_k.max(1) * self.fusion.candidates.max(1);
         let plain = self.fusion.without_mmr();
-        let dense = self
-            .store
-            .search_scores(query, SearchMode::Dense, &plain, depth, only)?;
-        let sparse = self
-            .store
-            .search_scores(query, SearchMode::Sparse, &plain, depth, only)?;
+        let (dense, sparse) = futures::try_join!(
+            self.store
+                .search_scores(query, SearchMode::Dense, &plain, depth, only),
+            self.store
+                .search_scores(query, SearchMode::Sparse, &plain, depth, only),
+        )?;
         let hits = if self.fusion.mmr_lambda.is_some() {
-            self.store.search(query, mode, &self.fusion, top_k, only)?
+            self.store
+                .search(query, mode, &self.fusion, top_k, only)
+                .await?
         } else {
             let mut ranked = match mode {
                 SearchMode::Dense => dense.clone(),
@@ -103,7 +107,7 @@ impl Index {
                 SearchMode::Hybrid => self.fusion.fuse(&dense, &sparse),
             };
             ranked.truncate(top_k);
-            self.store.hits(&ranked)?
+            self.store.hits(&ranked).await?
         };
         Ok(Ranked {
             hits,
@@ -114,7 +118,7 @@ impl Index {
 
     /// The best `top_k` chunks under `mode`, with each hit's dense and sparse score (from
     /// the candidate lists) and its fused score.
-    pub fn retrieve_scored(
+    pub async fn retrieve_scored(
         &self,
         question: &str,
         top_k: usize,
@@ -122,12 +126,12 @@ impl Index {
         only: &SearchFilter,
     ) -> docent_ingest::Result<(Retrieved, Vec<Scores>)> {
         let started = Instant::now();
-        let query = self.embed_query(question)?;
+        let query = self.embed_query(question).await?;
         let Ranked {
             hits,
             dense,
             sparse,
-        } = self.rank(&query, top_k, mode, only)?;
+        } = self.rank(&query, top_k, mode, only).await?;
         let score_in = |list: &[(u64, f32)], h: &Hit| {
             let id = point_id(&h.payload.document_id, h.payload.chunk_index);
             list.iter().find(|c| c.0 == id).map(|c| c.1)
@@ -155,8 +159,8 @@ impl Index {
     /// Neighbour expansion: joins up to `n` chunks before and after each hit (same
     /// document) into the hit's text and span, so the prompt sees the passage around
     /// it. A neighbour that is a hit itself, or already joined to a better hit, is left
-    /// there (no text twice). Blocking: reads the neighbours from the store, in one read.
-    pub fn expand(&self, hits: &mut [Hit], n: usize) -> docent_ingest::Result<()> {
+    /// there (no text twice). Reads the neighbours from the store, in one read.
+    pub async fn expand(&self, hits: &mut [Hit], n: usize) -> docent_ingest::Result<()> {
         if n == 0 {
             return Ok(());
         }
@@ -170,7 +174,7 @@ impl Index {
                     .map(move |j| point_id(doc, j))
             })
             .collect();
-        let mut stored = self.store.payloads(&wanted)?;
+        let mut stored = self.store.payloads(&wanted).await?;
         let mut taken: HashSet<(String, usize)> = hits
             .iter()
             .map(|h| (h.payload.document_id.clone(), h.payload.chunk_index))

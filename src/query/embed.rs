@@ -1,3 +1,6 @@
+//! **Where a question is embedded**: [`QueryBatcher::embed_question`] (dense and BM25 vectors), with
+//! opportunistic batching of the dense model runs ([`QueryBatcher`]).
+//!
 //! Query embedding with opportunistic batching. The ONNX session runs one batch at a time,
 //! so concurrent questions would queue for it one by one; instead, a single thread takes
 //! the first waiting question and every other question already waiting (up to
@@ -10,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 
-use docent_ingest::embed::Embedder;
+use docent_ingest::embed::{Embedder, Embedding};
 
 type Reply = Sender<docent_ingest::Result<Vec<f32>>>;
 
@@ -24,6 +27,28 @@ pub struct QueryBatcher {
 }
 
 impl QueryBatcher {
+    /// **Where a question is embedded**: its dense vector (the ONNX model, batched with
+    /// concurrent questions, on a blocking thread) and its BM25 vector.
+    pub async fn embed_question(
+        self: &Arc<Self>,
+        question: &str,
+    ) -> docent_ingest::Result<Embedding> {
+        let (queries, q) = (self.clone(), question.to_string());
+        let embed = move || {
+            Ok(Embedding {
+                dense: queries.embed(&q)?,
+                sparse: queries.embedder.embed_sparse_query(&q),
+            })
+        };
+        // on tokio's blocking pool inside a runtime; inline from plain threads (tools)
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => rt.spawn_blocking(embed).await.map_err(|e| {
+                docent_ingest::Error::Embed(format!("the embedding task failed: {e}"))
+            })?,
+            Err(_) => embed(),
+        }
+    }
+
     pub fn new(embedder: Arc<Embedder>, max_batch: usize) -> Self {
         QueryBatcher {
             embedder,

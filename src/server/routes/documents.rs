@@ -15,8 +15,8 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::error::ApiError;
-use crate::jobs::{Jobs, Status};
+use crate::server::error::ApiError;
+use crate::server::jobs::{Jobs, Status};
 
 /// Optional `metadata` field of an upload.
 #[derive(Debug, Default, Deserialize)]
@@ -67,20 +67,13 @@ fn multipart_error(e: MultipartError) -> ApiError {
     }
 }
 
-/// Runs a blocking store call off the async workers; a store error is a 503.
-async fn on_store<T: Send + 'static>(
-    f: impl FnOnce() -> docent_ingest::Result<T> + Send + 'static,
-) -> Result<T, ApiError> {
-    web::block(f)
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store_failed",
-                e.to_string(),
-            )
-        })
+/// A store error as the HTTP error: 503 (the store failed or cannot be reached).
+fn store_error(e: docent_ingest::store::Error) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store_failed",
+        e.to_string(),
+    )
 }
 
 /// A file name from an upload, reduced to its last path component.
@@ -252,7 +245,7 @@ pub struct ListQuery {
     pub after: Option<String>,
 }
 
-fn job_entry(d: &crate::jobs::JobDocument) -> serde_json::Value {
+fn job_entry(d: &crate::server::jobs::JobDocument) -> serde_json::Value {
     json!({
         "id": d.id, "source": d.source,
         "status": if d.status == Status::Failed { "failed" } else { "ingesting" },
@@ -287,7 +280,8 @@ pub async fn list(
                 .filter(|e| status.is_none_or(|s| e["status"] == s)),
         );
         if status != Some("ingesting") {
-            out.extend(docs.ingestor.store().failed().into_iter().map(|v| {
+            let failed = docs.ingestor.store().failed().await.map_err(store_error)?;
+            out.extend(failed.into_iter().map(|v| {
                 json!({"id": v.document_id, "source": v.source, "status": "failed", "chunks": 0,
                        "error": "interrupted: the process stopped while ingesting it; ingest it again"})
             }));
@@ -300,10 +294,12 @@ pub async fn list(
             tags: q.tag.clone().into_iter().collect(),
             document_ids: vec![],
         };
-        let store = docs.ingestor.store();
-        let after = q.after.clone();
-        let (page, more) =
-            on_store(move || store.documents(&only, after.as_deref(), limit)).await?;
+        let (page, more) = docs
+            .ingestor
+            .store()
+            .documents(&only, q.after.as_deref(), limit)
+            .await
+            .map_err(store_error)?;
         if more {
             next = page.last().map(|d| d.id.clone());
         }
@@ -330,9 +326,12 @@ pub async fn get(
     {
         return Ok(HttpResponse::Ok().json(job_entry(d)));
     }
-    let store = docs.ingestor.store();
-    let target = id.clone();
-    let found = on_store(move || store.document(&target)).await?;
+    let found = docs
+        .ingestor
+        .store()
+        .document(&id)
+        .await
+        .map_err(store_error)?;
     match found {
         Some(d) => {
             let mut v = json!(d);
@@ -375,16 +374,11 @@ pub async fn delete(
         ));
     }
     let store = docs.ingestor.store();
-    let target = id.clone();
-    let removed = on_store(move || {
-        let n = store.chunk_count(&target)?;
-        if n > 0 {
-            store.delete_document(&target)?;
-            store.flush();
-        }
-        Ok(n)
-    })
-    .await?;
+    let removed = store.chunk_count(&id).await.map_err(store_error)?;
+    if removed > 0 {
+        store.delete_document(&id).await.map_err(store_error)?;
+        store.flush().await.map_err(store_error)?;
+    }
     if removed == 0 {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,

@@ -21,13 +21,13 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use docent_ingest::load;
 use docent_ingest::pipeline::{Input, PipelineConfig, Silent};
-use docent_ingest::store::FusionMethod;
+use docent_ingest::store::{block_on, FusionMethod};
 use serde::{Deserialize, Serialize};
 
 use super::http::Connection;
 use super::Peer;
 use crate::config::Config;
-use crate::startup;
+use crate::server::startup;
 
 /// What to measure.
 pub struct Options {
@@ -188,7 +188,7 @@ pub fn run(config: &Config, opts: &Options) -> anyhow::Result<QueryBench> {
 }
 
 fn read_queries(path: &Path) -> anyhow::Result<Vec<String>> {
-    let questions = crate::eval::questions(path)?;
+    let questions = crate::tools::eval::questions(path)?;
     anyhow::ensure!(
         !questions.is_empty(),
         "{} holds no questions",
@@ -241,7 +241,7 @@ fn index_for(config: &Config, opts: &Options, size: usize) -> anyhow::Result<(Pa
     );
     let mut config = config.clone();
     config.data_dir = dir.clone();
-    let index = startup::open_index(&config)?;
+    let index = startup::open_index_blocking(&config)?;
     let ingestor = startup::ingestor_with(
         &config,
         &index,
@@ -253,7 +253,7 @@ fn index_for(config: &Config, opts: &Options, size: usize) -> anyhow::Result<(Pa
     let started = Instant::now();
     let (mut files, mut bytes) = (0, 0u64);
     for batch in found.files.chunks(32) {
-        let chunks = index.store.len()?;
+        let chunks = block_on(index.store.len())?;
         if chunks >= size {
             break;
         }
@@ -270,8 +270,8 @@ fn index_for(config: &Config, opts: &Options, size: usize) -> anyhow::Result<(Pa
         }
     }
     eprintln!("bench: building the vector index (HNSW)");
-    index.store.optimize()?;
-    let chunks = index.store.len()?;
+    block_on(index.store.optimize())?;
+    let chunks = block_on(index.store.len())?;
     anyhow::ensure!(
         chunks * 10 >= size * 9,
         "the corpus gives only {chunks} chunks, fewer than {size}: pass more --corpus directories or smaller --sizes"
@@ -484,8 +484,8 @@ fn measure(
         requests: lat.len(),
         seconds,
         per_s: lat.len() as f64 / seconds,
-        p50: crate::eval::percentile(&lat, 50.0),
-        p99: crate::eval::percentile(&lat, 99.0),
+        p50: crate::tools::eval::percentile(&lat, 50.0),
+        p99: crate::tools::eval::percentile(&lat, 99.0),
         mean: lat.iter().sum::<f64>() / lat.len() as f64,
     })
 }

@@ -11,10 +11,11 @@ use minijinja::{context, Environment};
 use serde::Serialize;
 
 /// Template files the query path needs, relative to `prompts.dir`.
-pub const TEMPLATES: &[&str] = &[SYSTEM, USER, REFUSAL];
+pub const TEMPLATES: &[&str] = &[SYSTEM, USER, REFUSAL, QUOTED];
 const SYSTEM: &str = "answer_system.jinja";
 const USER: &str = "answer_user.jinja";
 const REFUSAL: &str = "refusal.jinja";
+const QUOTED: &str = "quoted_chunk.jinja";
 
 #[derive(Debug, thiserror::Error)]
 pub enum PromptError {
@@ -139,6 +140,18 @@ impl Prompts {
                 })?;
         }
         Ok(Prompts { env })
+    }
+
+    /// A chunk that addresses the model, fenced as quoted data (`quoted_chunk.jinja`).
+    pub fn quoted(&self, text: &str) -> Result<String, PromptError> {
+        self.env
+            .get_template(QUOTED)
+            .and_then(|t| t.render(context! { text }))
+            .map(|s| s.trim_end_matches('\n').to_string())
+            .map_err(|e| PromptError::Template {
+                name: QUOTED.to_string(),
+                message: e.to_string(),
+            })
     }
 
     /// The answer given without calling the model when nothing relevant was retrieved.

@@ -1,5 +1,9 @@
-//! Stage **postprocess**: cut at stop sequences, turn the answer's `[n]` markers into
-//! citations of the context blocks, and drop markers that refer to no block.
+//! Stage **postprocess**: cut at stop sequences ([`stop`]), turn the answer's `[n]` markers
+//! into citations of the context blocks, and drop markers that refer to no block.
+
+pub mod stop;
+
+pub use stop::truncate_at_stop;
 
 use std::collections::HashSet;
 use std::sync::LazyLock;
@@ -39,17 +43,6 @@ static SENTENCE_END: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"[.!?](\s+|$)|\n\s*\n").expect("valid regex"));
 static WORD: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"[\p{L}\p{N}_]+").expect("valid regex"));
-
-/// Cuts `text` at the earliest stop sequence; the stop text itself is dropped.
-pub fn truncate_at_stop<'a>(text: &'a str, stops: &[String]) -> &'a str {
-    let cut = stops
-        .iter()
-        .filter(|s| !s.is_empty())
-        .filter_map(|s| text.find(s.as_str()))
-        .min()
-        .unwrap_or(text.len());
-    &text[..cut]
-}
 
 /// Expands a marker body such as `1, 3-4` into block numbers.
 fn marker_numbers(body: &str, blocks: usize) -> Vec<usize> {
@@ -375,7 +368,7 @@ pub struct StreamStep {
 #[derive(Debug)]
 pub struct AnswerStream {
     /// Personal data redacted in what is emitted (the same rules as the final answer's).
-    pii: Option<crate::safety::PiiRules>,
+    pii: Option<crate::query::safety::PiiRules>,
     stops: Vec<String>,
     raw: String,
     emitted: usize,
@@ -406,7 +399,7 @@ impl AnswerStream {
 
     /// Emits text with personal data redacted as `rules` say; a run of text that may still
     /// become personal data (digits, an address being written) is held back until it ends.
-    pub fn with_redaction(mut self, rules: crate::safety::PiiRules) -> Self {
+    pub fn with_redaction(mut self, rules: crate::query::safety::PiiRules) -> Self {
         self.pii = Some(rules);
         self
     }
@@ -455,7 +448,7 @@ impl AnswerStream {
             }
         }
         if self.pii.is_some() {
-            safe -= crate::safety::pii_tail(&raw[..safe]);
+            safe -= crate::query::safety::pii_tail(&raw[..safe]);
         }
         let head = &raw[..safe];
         if let Some(m) = OPEN_MARKER.find(head).or_else(|| CLOSED_MARKER.find(head)) {
@@ -468,7 +461,7 @@ impl AnswerStream {
     fn advance(&mut self, safe: usize, blocks: &[Hit]) -> StreamStep {
         let (text, citations) = cite(&self.raw[..safe], blocks);
         let text = match &self.pii {
-            Some(rules) => crate::safety::redact(&text, rules).0,
+            Some(rules) => crate::query::safety::redact(&text, rules).0,
             None => text,
         };
         let mut step = StreamStep::default();
@@ -733,7 +726,7 @@ mod tests {
     fn property_redacted_stream_equals_the_redacted_answer() {
         let stops = vec!["<|im_end|>".to_string()];
         let blocks = [hit("a", "A is one."), hit("b", "B.")];
-        let rules = crate::safety::PiiRules::default();
+        let rules = crate::query::safety::PiiRules::default();
         let atoms = [
             "Mail ",
             "ann@x.org",
@@ -766,7 +759,7 @@ mod tests {
             let pieces = rng.pieces(&text, 10);
             let stream = AnswerStream::new(&stops).with_redaction(rules.clone());
             let (out, answer, _) = stream_with(stream, &pieces, &blocks);
-            let expected = crate::safety::redact(&answer, &rules).0;
+            let expected = crate::query::safety::redact(&answer, &rules).0;
             assert_eq!(out, expected, "text {text:?} pieces {pieces:?}");
             redacted += usize::from(expected.contains("[email]") || expected.contains("[us_ssn]"));
         }

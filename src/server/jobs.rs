@@ -43,16 +43,9 @@ pub struct Jobs {
     jobs: Mutex<HashMap<String, Job>>,
 }
 
+/// A job id: a random (v4) UUID.
 fn new_id() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default(),
-    );
-    format!("{:016x}", h.finish())
+    uuid::Uuid::new_v4().simple().to_string()
 }
 
 impl Jobs {

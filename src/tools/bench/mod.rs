@@ -19,10 +19,4 @@ pub struct Peer {
     pub script: PathBuf,
 }
 
-/// Removes a temporary directory when dropped.
-pub(crate) struct RemoveOnDrop(pub(crate) PathBuf);
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub(crate) use crate::tools::eval::RemoveOnDrop;

@@ -9,19 +9,20 @@ use actix_web::{web, App, HttpServer};
 use docent_ingest::embed::{Embedder, EmbedderConfig};
 use docent_ingest::pipeline::Ingestor;
 use docent_ingest::split::Splitter;
-use docent_ingest::store::Store;
+use docent_ingest::store::{Identity, Store};
 
 use crate::config::Config;
-use crate::generate::Generator;
-use crate::prompt::Prompts;
-use crate::query::{Limits, QueryEngine};
-use crate::retrieve::Index;
+use crate::query::generate::Generator;
+use crate::query::prompt::Prompts;
+use crate::query::retrieve::Index;
+use crate::query::QueryEngine;
 
-/// Most questions embedded in one run (see [`crate::retrieve::QueryBatcher`]).
+/// Most questions embedded in one run (see [`crate::query::embed::QueryBatcher`]).
 const QUERY_BATCH: usize = 16;
 
-/// Opens the embedder and the store (what both ingest and query need).
-pub fn open_index(config: &Config) -> anyhow::Result<Index> {
+/// Opens the embedder and the store (what both ingest and query need): the embedded
+/// engine in `data_dir`, or the Qdrant server `[store]` names.
+pub async fn open_index(config: &Config) -> anyhow::Result<Index> {
     config.check_embedding_files()?;
     let e = &config.embedding;
     let embedder = Arc::new(Embedder::load(EmbedderConfig {
@@ -31,13 +32,17 @@ pub fn open_index(config: &Config) -> anyhow::Result<Index> {
         threads: e.threads,
         batch_size: e.batch_size,
     })?);
-    let store = Arc::new(Store::open(
-        &config.data_dir,
-        embedder.dim(),
-        embedder.model_sha256(),
-    )?);
+    let location = config.store.location(&config.data_dir);
+    let engine = docent_ingest::store::open_index(&location, embedder.dim()).await?;
+    let store = Arc::new(
+        Store::open(
+            engine,
+            &Identity::new(embedder.model_sha256(), embedder.dim()),
+        )
+        .await?,
+    );
     Ok(Index {
-        queries: Arc::new(crate::retrieve::QueryBatcher::new(
+        queries: Arc::new(crate::query::embed::QueryBatcher::new(
             embedder.clone(),
             QUERY_BATCH,
         )),
@@ -46,6 +51,11 @@ pub fn open_index(config: &Config) -> anyhow::Result<Index> {
         mode: config.retrieval.mode,
         fusion: config.retrieval.fusion,
     })
+}
+
+/// [`open_index`] from synchronous code (tools and tests on plain or blocking threads).
+pub fn open_index_blocking(config: &Config) -> anyhow::Result<Index> {
+    docent_ingest::store::block_on(open_index(config))
 }
 
 /// The ingest pipeline over an open index.
@@ -82,10 +92,10 @@ pub async fn query_engine(config: &Config, index: Index) -> anyhow::Result<Query
         index,
         prompts,
         generator,
-        Limits::from_config(config),
+        config.limits(),
         config.generation.max_queue,
         config.generation.cache_size,
-        crate::safety::Filter::new(config.safety.clone())
+        crate::query::safety::Filter::new(config.safety.clone())
             .map_err(|e| anyhow::anyhow!("safety: {e}"))?,
     ))
 }
@@ -96,8 +106,11 @@ pub struct Application {
 }
 
 /// The upload and jobs service over an open index.
-pub fn documents(config: &Config, index: &Index) -> anyhow::Result<crate::documents::Documents> {
-    Ok(crate::documents::Documents {
+pub fn documents(
+    config: &Config,
+    index: &Index,
+) -> anyhow::Result<crate::server::routes::documents::Documents> {
+    Ok(crate::server::routes::documents::Documents {
         ingestor: Arc::new(ingestor(config, index)?),
         jobs: Default::default(),
         max_file_bytes: config.server.max_upload_bytes,
@@ -118,7 +131,7 @@ impl Application {
                 .wrap(tracing_actix())
                 .app_data(engine.clone())
                 .app_data(documents.clone())
-                .configure(|cfg| crate::api::routes(cfg, max_body))
+                .configure(|cfg| crate::server::routes::routes(cfg, max_body))
         })
         .listen(listener)?
         .run();

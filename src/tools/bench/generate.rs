@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::bench::{Peer, RemoveOnDrop};
 use crate::config::{DraftConfig, GenerationConfig};
-use crate::generate::{GenerateError, Generator, StreamEvent};
+use crate::query::generate::{GenerateError, Generator, StreamEvent};
+use crate::tools::bench::{Peer, RemoveOnDrop};
 
 pub struct Options {
     /// GGUF files (or other model sources) to measure, each on its own.
@@ -307,7 +307,7 @@ fn run_peer(
 
 pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
     // the instruction-set cap first: the report names the level, which is fixed on first use
-    crate::generate::cpu_kernels::install(opts.kernels == "docent", &opts.isa);
+    crate::query::generate::cpu_kernels::install(opts.kernels == "docent", &opts.isa);
     let text = std::fs::read_to_string(&opts.text)
         .map_err(|e| anyhow::anyhow!("reading {}: {e}", opts.text.display()))?;
     let scratch =

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::{Peer, RemoveOnDrop};
 use crate::config::Config;
-use crate::startup;
+use crate::server::startup;
 
 /// One row of the table.
 #[derive(Debug, Clone, Serialize)]
@@ -70,7 +70,7 @@ pub fn ingest(config: &Config, corpus: &Path, peer: Option<&Peer>) -> anyhow::Re
     let mut rows = Vec::new();
 
     // 1. docent, end to end: load, split, embed (dense + BM25), store, flush
-    let index = startup::open_index(&config)?;
+    let index = startup::open_index_blocking(&config)?;
     let ingestor = startup::ingestor(&config, &index)?;
     let start = Instant::now();
     let report = ingestor.ingest_paths(&[corpus.to_path_buf()], &Silent)?;

@@ -7,6 +7,7 @@
 
 pub mod cpu_kernels;
 
+use serde::{Deserialize, Serialize};
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -25,8 +26,7 @@ use mistralrs::{
 };
 use tokio::sync::mpsc;
 
-use crate::config::GenerationConfig;
-use crate::prompt::{Prompt, Role, TokenCounter};
+use crate::query::prompt::{Prompt, Role, TokenCounter};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GenerateError {
@@ -38,6 +38,142 @@ pub enum GenerateError {
     Validation(String),
     #[error("generation failed: {0}")]
     Engine(String),
+}
+
+// ---- `[generation]` settings (the generate stage owns them; `config` aggregates) ----
+
+pub(crate) fn default_cache_size() -> usize {
+    256
+}
+
+pub(crate) fn yes() -> bool {
+    true
+}
+
+pub(crate) fn default_prefix_cache_mib() -> usize {
+    128
+}
+
+pub(crate) fn default_isa() -> String {
+    "auto".into()
+}
+
+pub(crate) fn default_kernels() -> String {
+    "docent".into()
+}
+
+pub(crate) fn default_kv_cache() -> String {
+    "f32".into()
+}
+
+pub(crate) fn default_prefill_chunk() -> usize {
+    256
+}
+
+pub(crate) fn default_max_queue() -> usize {
+    32
+}
+
+pub(crate) fn one() -> f64 {
+    1.0
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenerationConfig {
+    /// A GGUF file, a safetensors directory (config.json, tokenizer.json, *.safetensors), a
+    /// directory written by `uqff`, or `hf:org/name` for a Hugging Face model (online only).
+    pub model: PathBuf,
+    /// In-situ quantization of a safetensors model at load (`q4k`, `q8_0`, `q4_0`, …).
+    #[serde(default)]
+    pub isq: Option<String>,
+    /// Directory for the ISQ-quantized weights (UQFF): written on the first start, loaded
+    /// on later ones so quantization is paid once.
+    #[serde(default)]
+    pub uqff: Option<PathBuf>,
+    /// Speculative decoding: a smaller model with the same tokenizer proposes `gamma`
+    /// tokens, the target checks them in one pass. Greedy only.
+    #[serde(default)]
+    pub draft: Option<DraftConfig>,
+    /// Activation dtype: `f32` (fastest on CPU), `f16`, `bf16` or `auto`.
+    pub dtype: String,
+    /// `cpu`, or `auto` to use CUDA when built with it.
+    pub device: String,
+    pub max_tokens: usize,
+    /// Largest `max_tokens` a request may ask for.
+    pub max_tokens_limit: usize,
+    pub temperature: f64,
+    /// Nucleus sampling: keep the most likely tokens up to this probability mass (1 = off;
+    /// applies when temperature > 0).
+    #[serde(default = "one")]
+    pub top_p: f64,
+    /// Sample among the k most likely tokens (0 = off; applies when temperature > 0).
+    #[serde(default)]
+    pub top_k: usize,
+    /// 1.0 is off. Above 1 also penalises copying the context, which hurts RAG answers.
+    pub repetition_penalty: f32,
+    /// Sequences the engine schedules at once.
+    pub max_num_seqs: usize,
+    /// Tokens of context (prompt and answer) to use; 0 = the model's own length.
+    #[serde(default)]
+    pub context_tokens: usize,
+    /// The prefix cache: the KV data of finished prompts, reused by later prompts that start
+    /// the same way (a shared system prompt is computed once). Bounded by
+    /// `prefix_cache_mib`, least recently used entries evicted first.
+    #[serde(default = "yes")]
+    pub prefix_cache: bool,
+    /// The most KV data the prefix cache keeps, in MiB (0: no limit, mistral.rs's own
+    /// behaviour, under which memory grows with every distinct prompt).
+    #[serde(default = "default_prefix_cache_mib")]
+    pub prefix_cache_mib: usize,
+    /// Compute threads for generation (rayon's global pool: docent's kernels and candle's
+    /// own operations share it); 0 = one per core.
+    #[serde(default)]
+    pub threads: usize,
+    /// CPU kernels: `docent` (kernels/: quantized matmuls, tiled attention, instruction set
+    /// chosen at run time) or `candle` (mistral.rs's and candle's own, for comparison).
+    #[serde(default = "default_kernels")]
+    pub kernels: String,
+    /// The most advanced instruction set docent's kernels may use: `auto` (what the processor
+    /// has), `avx512`, `avx2` or `scalar` (for comparisons; fixed for the process once the
+    /// first model has loaded).
+    #[serde(default = "default_isa")]
+    pub isa: String,
+    /// The KV cache's element type on the CPU: `f32`, or `f16` (half the memory and the
+    /// bytes attention reads per token; keys and values rounded to F16, as llama.cpp does).
+    #[serde(default = "default_kv_cache")]
+    pub kv_cache: String,
+    /// Continuous batching on the CPU (GGUF Llama-family models, no draft model): answers of
+    /// different lengths decode together in one forward pass, and a new request joins the
+    /// running batch between steps.
+    #[serde(default = "yes")]
+    pub continuous_batching: bool,
+    /// With continuous batching, prompts are prefilled this many tokens per step, so answers
+    /// that are streaming keep going while a long prompt is read (0: whole prompts).
+    #[serde(default = "default_prefill_chunk")]
+    pub prefill_chunk_tokens: usize,
+    /// Answers generating or waiting for the engine at once; more get 429 with
+    /// `Retry-After`.
+    #[serde(default = "default_max_queue")]
+    pub max_queue: usize,
+    /// Greedy answers kept for repeated questions (same question, retrieval options and
+    /// generation parameters, unchanged index); 0 = no cache.
+    #[serde(default = "default_cache_size")]
+    pub cache_size: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DraftConfig {
+    /// The draft model (same kinds of source as `generation.model`).
+    pub model: PathBuf,
+    /// Tokens the draft proposes per step.
+    #[serde(default = "default_gamma")]
+    pub gamma: usize,
+}
+
+pub(crate) fn default_gamma() -> usize {
+    4
 }
 
 /// Per-request decoding settings.

@@ -1,0 +1,83 @@
+//! The HTTP routes, one module per resource; every error becomes JSON through
+//! [`crate::server::error`].
+//!
+//! | route | module |
+//! |---|---|
+//! | `POST /v1/query`, `POST /v1/search` | [`query`] |
+//! | `/v1/documents`, `/v1/documents/{id}`, `/v1/jobs/{id}` | [`documents`] |
+//! | `GET /healthz` | [`health`] |
+
+pub mod documents;
+pub mod health;
+pub mod query;
+
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+
+use crate::server::error::{json_error, ApiError};
+
+async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    Err(ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no route for {} {}", req.method(), req.path()),
+    ))
+}
+
+async fn method_not_allowed(req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    Err(ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} is not allowed on {}", req.method(), req.path()),
+    ))
+}
+
+/// Every route of the service.
+pub fn routes(cfg: &mut web::ServiceConfig, max_body_bytes: usize) {
+    cfg.app_data(
+        web::JsonConfig::default()
+            .limit(max_body_bytes)
+            .error_handler(json_error),
+    )
+    .app_data(web::QueryConfig::default().error_handler(|err, _req| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+            err.to_string(),
+        )
+        .into()
+    }))
+    .service(
+        web::resource("/v1/query")
+            .route(web::post().to(query::answer))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/search")
+            .route(web::post().to(query::search))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/documents")
+            .route(web::post().to(documents::upload))
+            .route(web::get().to(documents::list))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/documents/{id}")
+            .route(web::delete().to(documents::delete))
+            .route(web::get().to(documents::get))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/jobs/{id}")
+            .route(web::get().to(documents::job))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/healthz")
+            .route(web::get().to(health::healthz))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .default_service(web::to(not_found));
+}

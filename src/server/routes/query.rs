@@ -1,0 +1,32 @@
+//! `POST /v1/query` (an answer, as JSON or streamed) and `POST /v1/search` (retrieval only).
+
+use actix_web::{web, HttpResponse};
+
+use crate::query::{QueryEngine, QueryRequest, SearchRequest};
+use crate::server::error::ApiError;
+use crate::server::sse::sse;
+
+pub async fn answer(
+    engine: web::Data<QueryEngine>,
+    body: web::Json<QueryRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let request = body.into_inner();
+    if request.stream {
+        let events = engine.into_inner().answer_stream(request).await?;
+        return Ok(HttpResponse::Ok()
+            .content_type("text/event-stream")
+            .insert_header(("Cache-Control", "no-cache"))
+            .insert_header(("X-Accel-Buffering", "no"))
+            .streaming(sse(events)));
+    }
+    let response = engine.answer(request).await?;
+    Ok(HttpResponse::Ok().json(response))
+}
+
+pub async fn search(
+    engine: web::Data<QueryEngine>,
+    body: web::Json<SearchRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let response = engine.search(body.into_inner()).await?;
+    Ok(HttpResponse::Ok().json(response))
+}

@@ -1,0 +1,5 @@
+//! Tools that measure docent: `docent eval` (answer and retrieval quality, safety filter
+//! rates) and `docent bench` (speed beside peers). The service does not depend on them.
+
+pub mod bench;
+pub mod eval;

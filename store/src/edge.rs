@@ -1,0 +1,632 @@
+//! [`EdgeIndex`]: the embedded engine (qdrant-edge), a directory on disk, no server.
+//!
+//! Layout: `<dir>/qdrant/` holds the chunks (one shard), `<dir>/catalog/` the catalog (a
+//! second shard of one-dimensional points carrying `(kind, name, value)` payloads). The
+//! engine locks its directories, so one process opens an index at a time; the catalog is
+//! mirrored in memory (read on open, written through), which makes catalog reads free on
+//! the search path.
+//!
+//! The engine's calls are synchronous and CPU-bound; each runs on tokio's blocking pool
+//! when called from inside a runtime, inline otherwise.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use qdrant_edge::external::ordered_float::OrderedFloat;
+use qdrant_edge::{
+    Condition, CountRequest, CreateIndex, Distance, EdgeConfig, EdgeShard, EdgeSparseVectorParams,
+    EdgeVectorParams, FacetRequest, FacetValue, FieldCondition, FieldIndexOperations, JsonPath,
+    Match, Mmr, Modifier, NamedQuery, PayloadFieldSchema, PayloadOps, PayloadSchemaType, PointId,
+    PointInsertOperations, PointOperations, PointStruct, Prefetch, QueryEnum, QueryRequest,
+    ScoringQuery, ScrollRequest, SetPayloadOp, UpdateOperation, ValueVariants, Vector,
+    VectorInternal, VectorStructInternal, Vectors, WithPayloadInterface, WithVector,
+};
+use serde_json::{json, Value};
+
+use crate::index::{
+    catalog_id, Filter, Payload, Point, Record, Scored, SearchRequest, VectorIndex, INDEXED_FIELDS,
+};
+use crate::types::{FusionMethod, SearchMode, SparseVector, DENSE, SPARSE};
+use crate::{Error, Result};
+
+/// The embedded index in a directory.
+pub struct EdgeIndex {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shard: EdgeShard,
+    catalog: EdgeShard,
+    mirror: parking_lot::RwLock<BTreeMap<(String, String), Value>>,
+    dir: PathBuf,
+}
+
+const CATALOG_VECTOR: &str = "k";
+
+fn in_use(dir: &Path, e: impl std::fmt::Display) -> Error {
+    let e = e.to_string();
+    if e.contains("WouldBlock") {
+        Error::Incompatible(format!(
+            "the index at {} is in use by another docent process (one process may open it at a time; while the service runs, upload through POST /v1/documents, or use a Qdrant server: [store] kind = \"qdrant\")",
+            dir.display()
+        ))
+    } else {
+        Error::Engine(format!("cannot open the index at {}: {e}", dir.display()))
+    }
+}
+
+impl EdgeIndex {
+    /// Opens (creating if needed) the index in `dir` for dense vectors of size `dim`.
+    pub fn open(dir: &Path, dim: usize) -> Result<Self> {
+        let path = dir.join("qdrant");
+        std::fs::create_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+        let config = EdgeConfig::builder()
+            .vector(
+                DENSE,
+                EdgeVectorParams::builder(dim, Distance::Cosine).build(),
+            )
+            .sparse_vector(
+                SPARSE,
+                EdgeSparseVectorParams::builder()
+                    .modifier(Modifier::Idf)
+                    .build(),
+            )
+            .build();
+        let shard = EdgeShard::load(&path, Some(config)).map_err(|e| in_use(dir, e))?;
+        for field in INDEXED_FIELDS {
+            keyword_index(&shard, field)?;
+        }
+        let catalog_path = dir.join("catalog");
+        std::fs::create_dir_all(&catalog_path).map_err(|e| Error::io(&catalog_path, e))?;
+        let catalog_config = EdgeConfig::builder()
+            .vector(
+                CATALOG_VECTOR,
+                EdgeVectorParams::builder(1, Distance::Dot).build(),
+            )
+            .build();
+        let catalog =
+            EdgeShard::load(&catalog_path, Some(catalog_config)).map_err(|e| in_use(dir, e))?;
+        keyword_index(&catalog, "kind")?;
+        let mut mirror = BTreeMap::new();
+        let mut offset = None;
+        loop {
+            let (records, next) = catalog
+                .scroll(ScrollRequest {
+                    offset,
+                    limit: Some(256),
+                    filter: None,
+                    with_payload: Some(WithPayloadInterface::Bool(true)),
+                    with_vector: WithVector::Bool(false),
+                    order_by: None,
+                })
+                .map_err(Error::engine)?;
+            for r in records {
+                let p = r.payload.map(|p| p.0).unwrap_or_default();
+                if let (Some(Value::String(kind)), Some(Value::String(name))) =
+                    (p.get("kind"), p.get("name"))
+                {
+                    let value = p.get("value").cloned().unwrap_or(Value::Null);
+                    mirror.insert((kind.clone(), name.clone()), value);
+                }
+            }
+            match next {
+                Some(n) => offset = Some(n),
+                None => break,
+            }
+        }
+        Ok(EdgeIndex {
+            inner: Arc::new(Inner {
+                shard,
+                catalog,
+                mirror: parking_lot::RwLock::new(mirror),
+                dir: dir.to_path_buf(),
+            }),
+        })
+    }
+
+    /// Runs `f` with the engine on a blocking thread (inline outside a runtime).
+    async fn run<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Inner) -> Result<T> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => handle
+                .spawn_blocking(move || f(&inner))
+                .await
+                .map_err(|e| Error::Engine(format!("a store task failed: {e}")))?,
+            Err(_) => f(&inner),
+        }
+    }
+}
+
+fn key(name: &str) -> Result<JsonPath> {
+    JsonPath::try_from(name).map_err(|_| Error::Engine(format!("invalid payload key {name:?}")))
+}
+
+fn keyword_index(shard: &EdgeShard, field: &str) -> Result<()> {
+    shard
+        .update(UpdateOperation::FieldIndexOperation(
+            FieldIndexOperations::CreateIndex(CreateIndex {
+                field_name: key(field)?,
+                field_schema: Some(PayloadFieldSchema::FieldType(PayloadSchemaType::Keyword)),
+            }),
+        ))
+        .map_err(Error::engine)
+}
+
+fn condition(field: &str, values: &[String]) -> Result<Condition> {
+    let one = |v: &String| -> Result<Condition> {
+        Ok(Condition::Field(FieldCondition::new_match(
+            key(field)?,
+            Match::new_value(ValueVariants::String(v.clone())),
+        )))
+    };
+    if let [v] = values {
+        return one(v);
+    }
+    let should = values.iter().map(one).collect::<Result<Vec<_>>>()?;
+    Ok(Condition::Filter(qdrant_edge::Filter {
+        should: Some(should),
+        ..Default::default()
+    }))
+}
+
+fn edge_filter(f: &Filter) -> Result<Option<qdrant_edge::Filter>> {
+    if f.is_empty() {
+        return Ok(None);
+    }
+    let conds = |list: &[crate::index::Keyword]| -> Result<Option<Vec<Condition>>> {
+        if list.is_empty() {
+            return Ok(None);
+        }
+        list.iter()
+            .map(|k| condition(k.field, &k.any_of))
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
+    };
+    Ok(Some(qdrant_edge::Filter {
+        must: conds(&f.must)?,
+        must_not: conds(&f.must_not)?,
+        ..Default::default()
+    }))
+}
+
+fn num_id(id: &PointId) -> Result<u64> {
+    match id {
+        PointId::NumId(n) => Ok(*n),
+        other => Err(Error::Malformed {
+            what: "point id",
+            detail: other.to_string(),
+        }),
+    }
+}
+
+fn sparse_of(v: &SparseVector) -> qdrant_edge::SparseVector {
+    qdrant_edge::SparseVector {
+        indices: v.indices.clone(),
+        values: v.values.clone(),
+    }
+}
+
+fn scroll_request(
+    filter: Option<qdrant_edge::Filter>,
+    limit: usize,
+    offset: Option<u64>,
+    vectors: bool,
+) -> ScrollRequest {
+    ScrollRequest {
+        offset: offset.map(PointId::NumId),
+        limit: Some(limit.max(1)),
+        filter,
+        with_payload: Some(WithPayloadInterface::Bool(true)),
+        with_vector: WithVector::Bool(vectors),
+        order_by: None,
+    }
+}
+
+/// The engine's query for a search request (the same plan the server runs).
+fn query_request(r: &SearchRequest) -> Result<QueryRequest> {
+    let nearest = |using: &str, v: VectorInternal| {
+        ScoringQuery::Vector(QueryEnum::Nearest(NamedQuery {
+            query: v,
+            using: Some(using.into()),
+        }))
+    };
+    let dense = || nearest(DENSE, VectorInternal::from(r.dense.clone()));
+    let sparse = || nearest(SPARSE, VectorInternal::from(sparse_of(&r.sparse)));
+    let depth = r.limit.max(1) * r.fusion.candidates.max(1);
+    let prefetch = |q: ScoringQuery| Prefetch {
+        prefetches: vec![],
+        query: Some(q),
+        limit: depth,
+        params: None,
+        filter: None,
+        score_threshold: None,
+    };
+    let (mut prefetches, mut scoring) = match r.mode {
+        SearchMode::Dense => (vec![], dense()),
+        SearchMode::Sparse => (vec![], sparse()),
+        SearchMode::Hybrid => (
+            vec![prefetch(dense()), prefetch(sparse())],
+            ScoringQuery::Fusion(match r.fusion.method {
+                FusionMethod::Rrf => qdrant_edge::Fusion::Rrf {
+                    k: r.fusion.rrf_k,
+                    weights: Some(vec![
+                        OrderedFloat(r.fusion.dense_weight),
+                        OrderedFloat(r.fusion.sparse_weight),
+                    ]),
+                },
+                FusionMethod::Dbsf => qdrant_edge::Fusion::Dbsf,
+            }),
+        ),
+    };
+    if let Some(lambda) = r.fusion.mmr_lambda {
+        // the ranking becomes the candidate pool MMR picks `limit` points from
+        prefetches = vec![Prefetch {
+            prefetches,
+            query: Some(scoring),
+            limit: depth,
+            params: None,
+            filter: None,
+            score_threshold: None,
+        }];
+        scoring = ScoringQuery::Mmr(Mmr {
+            vector: VectorInternal::from(r.dense.clone()),
+            using: DENSE.into(),
+            lambda: OrderedFloat(lambda),
+            candidates_limit: depth,
+        });
+    }
+    Ok(QueryRequest {
+        prefetches,
+        query: Some(scoring),
+        filter: edge_filter(&r.filter)?,
+        score_threshold: None,
+        limit: r.limit,
+        offset: 0,
+        params: None,
+        with_vector: WithVector::Bool(false),
+        with_payload: WithPayloadInterface::Bool(r.with_payload),
+    })
+}
+
+fn point_of(r: qdrant_edge::Record) -> Result<Point> {
+    let id = num_id(&r.id)?;
+    let mut dense = Vec::new();
+    let mut sparse = SparseVector::default();
+    if let Some(VectorStructInternal::Named(map)) = r.vector {
+        for (name, v) in map {
+            match (name.as_str(), v) {
+                (DENSE, VectorInternal::Dense(d)) => dense = d,
+                (SPARSE, VectorInternal::Sparse(s)) => {
+                    sparse = SparseVector {
+                        indices: s.indices,
+                        values: s.values,
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(Point {
+        id,
+        dense,
+        sparse,
+        payload: r
+            .payload
+            .map(|p| p.0.into_iter().collect())
+            .unwrap_or_default(),
+    })
+}
+
+fn catalog_point(kind: &str, name: &str, value: Value) -> Result<PointStruct> {
+    let vectors = Vectors::new_named([(CATALOG_VECTOR, Vector::new_dense(vec![1.0]))]);
+    Ok(PointStruct::new(
+        PointId::NumId(catalog_id(kind, name)),
+        vectors,
+        json!({ "kind": kind, "name": name, "value": value }),
+    ))
+}
+
+#[async_trait]
+impl VectorIndex for EdgeIndex {
+    fn describe(&self) -> String {
+        format!("embedded Qdrant engine in {}", self.inner.dir.display())
+    }
+
+    fn exclusive(&self) -> bool {
+        true
+    }
+
+    async fn upsert(&self, points: Vec<Point>) -> Result<()> {
+        if points.is_empty() {
+            return Ok(());
+        }
+        self.run(move |i| {
+            let points = points
+                .into_iter()
+                .map(|p| {
+                    let vectors = Vectors::new_named([
+                        (DENSE, Vector::new_dense(p.dense)),
+                        (SPARSE, Vector::from(sparse_of(&p.sparse))),
+                    ]);
+                    PointStruct::new(PointId::NumId(p.id), vectors, Value::Object(p.payload)).into()
+                })
+                .collect();
+            i.shard
+                .update(UpdateOperation::PointOperation(
+                    PointOperations::UpsertPoints(PointInsertOperations::PointsList(points)),
+                ))
+                .map_err(Error::engine)
+        })
+        .await
+    }
+
+    async fn delete(&self, filter: &Filter) -> Result<()> {
+        let filter = edge_filter(filter)?.unwrap_or_default();
+        self.run(move |i| {
+            i.shard
+                .update(UpdateOperation::PointOperation(
+                    PointOperations::DeletePointsByFilter(filter),
+                ))
+                .map_err(Error::engine)
+        })
+        .await
+    }
+
+    async fn set_payload(&self, filter: &Filter, payload: Payload) -> Result<()> {
+        let filter = edge_filter(filter)?.unwrap_or_default();
+        self.run(move |i| {
+            i.shard
+                .update(UpdateOperation::PayloadOperation(PayloadOps::SetPayload(
+                    SetPayloadOp {
+                        payload: qdrant_edge::Payload(payload.into_iter().collect()),
+                        points: None,
+                        filter: Some(filter),
+                        key: None,
+                    },
+                )))
+                .map_err(Error::engine)
+        })
+        .await
+    }
+
+    async fn search(&self, request: &SearchRequest) -> Result<Vec<Scored>> {
+        let query = query_request(request)?;
+        self.run(move |i| {
+            i.shard
+                .query(query)
+                .map_err(Error::engine)?
+                .into_iter()
+                .map(|p| {
+                    Ok(Scored {
+                        id: num_id(&p.id)?,
+                        score: p.score,
+                        payload: p.payload.map(|p| p.0.into_iter().collect()),
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn retrieve(&self, ids: &[u64]) -> Result<Vec<Record>> {
+        let ids: Vec<PointId> = ids.iter().map(|&id| PointId::NumId(id)).collect();
+        self.run(move |i| {
+            i.shard
+                .retrieve(
+                    &ids,
+                    Some(WithPayloadInterface::Bool(true)),
+                    Some(WithVector::Bool(false)),
+                )
+                .map_err(Error::engine)?
+                .into_iter()
+                .map(|r| {
+                    Ok(Record {
+                        id: num_id(&r.id)?,
+                        payload: r
+                            .payload
+                            .map(|p| p.0.into_iter().collect())
+                            .unwrap_or_default(),
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn scroll(
+        &self,
+        filter: &Filter,
+        limit: usize,
+        offset: Option<u64>,
+    ) -> Result<(Vec<Record>, Option<u64>)> {
+        let request = scroll_request(edge_filter(filter)?, limit, offset, false);
+        self.run(move |i| {
+            let (records, next) = i.shard.scroll(request).map_err(Error::engine)?;
+            let records = records
+                .into_iter()
+                .map(|r| {
+                    Ok(Record {
+                        id: num_id(&r.id)?,
+                        payload: r
+                            .payload
+                            .map(|p| p.0.into_iter().collect())
+                            .unwrap_or_default(),
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok((records, next.as_ref().map(num_id).transpose()?))
+        })
+        .await
+    }
+
+    async fn scroll_points(
+        &self,
+        limit: usize,
+        offset: Option<u64>,
+    ) -> Result<(Vec<Point>, Option<u64>)> {
+        let request = scroll_request(None, limit, offset, true);
+        self.run(move |i| {
+            let (records, next) = i.shard.scroll(request).map_err(Error::engine)?;
+            let points = records
+                .into_iter()
+                .map(point_of)
+                .collect::<Result<Vec<_>>>()?;
+            Ok((points, next.as_ref().map(num_id).transpose()?))
+        })
+        .await
+    }
+
+    async fn count(&self, filter: &Filter) -> Result<usize> {
+        let filter = edge_filter(filter)?;
+        self.run(move |i| {
+            i.shard
+                .count(CountRequest {
+                    filter,
+                    exact: true,
+                })
+                .map_err(Error::engine)
+        })
+        .await
+    }
+
+    async fn facet(&self, field: &'static str, filter: &Filter) -> Result<Vec<(String, usize)>> {
+        let filter = edge_filter(filter)?;
+        self.run(move |i| {
+            let facet = i
+                .shard
+                .facet(FacetRequest {
+                    key: key(field)?,
+                    limit: usize::MAX / 2,
+                    filter,
+                    exact: true,
+                })
+                .map_err(Error::engine)?;
+            Ok(facet
+                .hits
+                .into_iter()
+                .filter_map(|h| match h.value {
+                    FacetValue::Keyword(v) => Some((v, h.count)),
+                    _ => None,
+                })
+                .collect())
+        })
+        .await
+    }
+
+    async fn flush(&self) -> Result<()> {
+        self.run(|i| {
+            i.shard.flush();
+            i.catalog.flush();
+            Ok(())
+        })
+        .await
+    }
+
+    async fn optimize(&self) -> Result<bool> {
+        self.run(|i| i.shard.optimize().map_err(Error::engine))
+            .await
+    }
+
+    async fn catalog_get(&self, kind: &str, name: &str) -> Result<Option<Value>> {
+        Ok(self
+            .inner
+            .mirror
+            .read()
+            .get(&(kind.to_string(), name.to_string()))
+            .cloned())
+    }
+
+    async fn catalog_put(&self, kind: &str, name: &str, value: Value) -> Result<()> {
+        let (kind, name) = (kind.to_string(), name.to_string());
+        self.run(move |i| {
+            // the mirror lock orders writers, so the mirror and the shard agree
+            let mut mirror = i.mirror.write();
+            let point = catalog_point(&kind, &name, value.clone())?;
+            i.catalog
+                .update(UpdateOperation::PointOperation(
+                    PointOperations::UpsertPoints(PointInsertOperations::PointsList(vec![
+                        point.into()
+                    ])),
+                ))
+                .map_err(Error::engine)?;
+            i.catalog.flush();
+            mirror.insert((kind, name), value);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn catalog_delete(&self, kind: &str, name: &str) -> Result<()> {
+        let (kind, name) = (kind.to_string(), name.to_string());
+        self.run(move |i| {
+            let mut mirror = i.mirror.write();
+            if mirror.remove(&(kind.clone(), name.clone())).is_none() {
+                return Ok(());
+            }
+            i.catalog
+                .update(UpdateOperation::PointOperation(
+                    PointOperations::DeletePoints {
+                        ids: vec![PointId::NumId(catalog_id(&kind, &name))],
+                    },
+                ))
+                .map_err(Error::engine)?;
+            i.catalog.flush();
+            Ok(())
+        })
+        .await
+    }
+
+    async fn catalog_list(&self, kind: &str) -> Result<Vec<(String, Value)>> {
+        let mirror = self.inner.mirror.read();
+        Ok(mirror
+            .range((kind.to_string(), String::new())..)
+            .take_while(|((k, _), _)| k == kind)
+            .map(|((_, name), value)| (name.clone(), value.clone()))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn _send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn the_engine_can_be_shared_between_threads() {
+        _send_sync::<EdgeShard>();
+        _send_sync::<EdgeIndex>();
+    }
+
+    #[test]
+    fn a_second_opener_is_told_the_index_is_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let _first = EdgeIndex::open(dir.path(), 3).unwrap();
+        let second = EdgeIndex::open(dir.path(), 3).err().unwrap().to_string();
+        assert!(
+            second.contains("in use by another docent process"),
+            "{second}"
+        );
+    }
+
+    #[test]
+    fn the_catalog_survives_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        futures::executor::block_on(async {
+            let index = EdgeIndex::open(dir.path(), 3).unwrap();
+            index.catalog_put("k", "a", json!(1)).await.unwrap();
+            index.catalog_put("k", "b", json!({"x": 2})).await.unwrap();
+            index.catalog_put("other", "a", json!(3)).await.unwrap();
+            index.catalog_delete("k", "a").await.unwrap();
+        });
+        let index = EdgeIndex::open(dir.path(), 3).unwrap();
+        let listed = futures::executor::block_on(index.catalog_list("k")).unwrap();
+        assert_eq!(listed, vec![("b".to_string(), json!({"x": 2}))]);
+    }
+}

@@ -1,0 +1,43 @@
+//! The store's one error type.
+
+/// What went wrong in the store. Messages say what to fix where the caller can.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The engine or server refused or failed an operation.
+    #[error("vector store: {0}")]
+    Engine(String),
+    /// The server cannot be reached (retry later; the service answers 503 meanwhile).
+    #[error("vector store unavailable: {0}")]
+    Unavailable(String),
+    /// The index cannot be used as configured (another model, another format, in use).
+    #[error("{0}")]
+    Incompatible(String),
+    /// Stored data that does not parse.
+    #[error("vector store: malformed {what}: {detail}")]
+    Malformed { what: &'static str, detail: String },
+    #[error("{path}: {source}")]
+    Io {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn engine(e: impl std::fmt::Display) -> Self {
+        Error::Engine(e.to_string())
+    }
+
+    pub(crate) fn io(path: impl Into<std::path::PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// Whether retrying later may succeed (the server is down or overloaded).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Error::Unavailable(_))
+    }
+}

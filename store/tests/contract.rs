@@ -1,0 +1,805 @@
+//! The store contract: one suite, the same code, run against every [`VectorIndex`].
+//!
+//! - `edge::*` runs against the embedded engine (always; CI runs it).
+//! - `qdrant::*` runs against a Qdrant server when `QDRANT_URL` is set (its gRPC URL, e.g.
+//!   `http://localhost:6334`; `QDRANT_API_KEY` if it needs one), each case in a fresh
+//!   collection that is deleted afterwards. Without `QDRANT_URL` each case prints a SKIP
+//!   line and passes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use docent_store::edge::EdgeIndex;
+use docent_store::qdrant::{QdrantIndex, QdrantOptions};
+use docent_store::{
+    point_id, ChunkPayload, Embedding, Fusion, FusionMethod, Identity, Origin, SearchFilter,
+    SearchMode, Span, SparseVector, Store, VectorIndex, Version,
+};
+
+/// Where a case's index lives; `open` may be called again after everything opened
+/// before was dropped (a restart).
+#[async_trait::async_trait]
+trait Backend: Send + Sync {
+    async fn open(&self, dim: usize) -> Arc<dyn VectorIndex>;
+}
+
+struct Edge(tempfile::TempDir);
+
+#[async_trait::async_trait]
+impl Backend for Edge {
+    async fn open(&self, dim: usize) -> Arc<dyn VectorIndex> {
+        Arc::new(EdgeIndex::open(self.0.path(), dim).unwrap())
+    }
+}
+
+struct Server(QdrantOptions);
+
+#[async_trait::async_trait]
+impl Backend for Server {
+    async fn open(&self, dim: usize) -> Arc<dyn VectorIndex> {
+        Arc::new(QdrantIndex::connect(&self.0, dim).await.unwrap())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let options = self.0.clone();
+        // a thread of its own: this may run inside the test's runtime
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(async {
+                if let Ok(index) = QdrantIndex::connect(&options, 3).await {
+                    let _ = index.drop_collections().await;
+                }
+            });
+        })
+        .join()
+        .ok();
+    }
+}
+
+fn server(case: &str) -> Option<Server> {
+    let url = std::env::var("QDRANT_URL").ok().filter(|u| !u.is_empty())?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    Some(Server(QdrantOptions {
+        url,
+        api_key: std::env::var("QDRANT_API_KEY").ok(),
+        collection: format!("docent_contract_{case}_{nanos}"),
+        timeout: Duration::from_secs(10),
+    }))
+}
+
+async fn open(b: &dyn Backend, dim: usize, model: &str) -> docent_store::Result<Store> {
+    Store::open(b.open(dim).await, &Identity::new(model, dim)).await
+}
+
+async fn store(b: &dyn Backend) -> Store {
+    open(b, 3, "m").await.unwrap()
+}
+
+fn emb(v: [f32; 3]) -> Embedding {
+    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    Embedding {
+        dense: v.iter().map(|x| x / n).collect(),
+        sparse: SparseVector {
+            indices: vec![1],
+            values: vec![1.0],
+        },
+    }
+}
+
+fn payload(doc: &str, i: usize, source: &str) -> ChunkPayload {
+    payload_in(doc, i, source, None, &[])
+}
+
+fn payload_in(
+    doc: &str,
+    i: usize,
+    source: &str,
+    collection: Option<&str>,
+    tags: &[&str],
+) -> ChunkPayload {
+    let mut p = ChunkPayload {
+        document_id: doc.into(),
+        source: String::new(),
+        title: "t".into(),
+        chunk_index: i,
+        chunks_total: 1,
+        pipeline: "p".into(),
+        page: None,
+        span: Span {
+            start: i,
+            end: i + 1,
+        },
+        text: format!("{doc}-{i}"),
+        collection: None,
+        tags: vec![],
+        origins: vec![],
+        sources: vec![],
+        collections: vec![],
+    };
+    p.set_origins(vec![origin(source, collection, tags)]);
+    p
+}
+
+fn origin(source: &str, collection: Option<&str>, tags: &[&str]) -> Origin {
+    Origin {
+        source: source.into(),
+        collection: collection.map(String::from),
+        tags: tags.iter().map(|t| t.to_string()).collect(),
+    }
+}
+
+fn version(doc: &str, source: &str) -> Version {
+    Version {
+        document_id: doc.into(),
+        source: source.into(),
+    }
+}
+
+async fn dense(s: &Store, q: [f32; 3], limit: usize, f: &SearchFilter) -> Vec<docent_store::Hit> {
+    s.search(&emb(q), SearchMode::Dense, &Fusion::default(), limit, f)
+        .await
+        .unwrap()
+}
+
+// ---------------------------------------------------------------------------------------
+// The cases
+
+async fn upsert_search_delete_and_reopen(b: &dyn Backend) {
+    {
+        let s = store(b).await;
+        s.upsert(vec![
+            (payload("a", 0, "/a"), emb([1.0, 0.0, 0.0])),
+            (payload("a", 1, "/a"), emb([0.0, 1.0, 0.0])),
+            (payload("b", 0, "/b"), emb([0.0, 0.0, 1.0])),
+        ])
+        .await
+        .unwrap();
+        // re-upserting the same chunk does not duplicate it
+        s.upsert(vec![(payload("a", 0, "/a"), emb([1.0, 0.0, 0.0]))])
+            .await
+            .unwrap();
+        assert_eq!(s.len().await.unwrap(), 3);
+        let hits = dense(&s, [0.1, 1.0, 0.0], 2, &SearchFilter::default()).await;
+        assert_eq!(hits[0].payload, payload("a", 1, "/a"));
+        assert!(hits[0].score > hits[1].score);
+        assert_eq!(s.chunk_count("a").await.unwrap(), 2);
+        assert_eq!(s.chunk("a", 1).await.unwrap(), Some(payload("a", 1, "/a")));
+        assert_eq!(s.chunk("a", 7).await.unwrap(), None);
+        assert_eq!(
+            s.documents_of_source("/a")
+                .await
+                .unwrap()
+                .into_iter()
+                .collect::<Vec<_>>(),
+            vec!["a".to_string()]
+        );
+        let before = s.revision().await.unwrap();
+        s.delete_document("a").await.unwrap();
+        assert_ne!(
+            s.revision().await.unwrap(),
+            before,
+            "a delete changes the revision"
+        );
+        assert_eq!(s.len().await.unwrap(), 1);
+        s.flush().await.unwrap();
+    }
+    // persisted across reopen
+    let s = store(b).await;
+    assert_eq!(s.len().await.unwrap(), 1);
+    assert_eq!(s.chunk_count("b").await.unwrap(), 1);
+    drop(s);
+    // another model is refused with a clear error
+    let err = open(b, 3, "other").await.err().unwrap().to_string();
+    assert!(err.contains("another embedding model"), "{err}");
+}
+
+async fn readers_see_exactly_one_version_while_it_is_replaced(b: &dyn Backend) {
+    let store = Arc::new(store(b).await);
+    const N: usize = 12;
+    let write = |doc: &'static str| {
+        let store = store.clone();
+        async move {
+            let v = version(doc, "/s");
+            store.begin(&v).await.unwrap();
+            for i in 0..N {
+                // written one chunk at a time, as batches are
+                store
+                    .upsert(vec![(payload(doc, i, "/s"), emb([1.0, i as f32, 0.5]))])
+                    .await
+                    .unwrap();
+            }
+            v
+        }
+    };
+    let v1 = write("v1").await;
+    store.publish(&v1, None, &[]).await.unwrap();
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+    let stop = Arc::new(AtomicBool::new(false));
+    let checks = Arc::new(AtomicUsize::new(0));
+    let reader = {
+        let (store, stop, checks) = (store.clone(), stop.clone(), checks.clone());
+        tokio::spawn(async move {
+            while !stop.load(Relaxed) {
+                let hits = dense(&store, [1.0, 3.0, 0.5], 2 * N, &SearchFilter::default()).await;
+                assert_eq!(hits.len(), N, "saw {} chunks", hits.len());
+                let first = &hits[0].payload.document_id;
+                assert!(hits.iter().all(|h| &h.payload.document_id == first));
+                checks.fetch_add(1, Relaxed);
+            }
+        })
+    };
+    // replace back and forth until the reader has checked many times (bounded)
+    let mut current = v1.clone();
+    let mut round = 0;
+    while round < 6 || (checks.load(Relaxed) < 30 && round < 500) {
+        let next = write(if round % 2 == 0 { "v2" } else { "v1" }).await;
+        store
+            .publish(&next, None, std::slice::from_ref(&current))
+            .await
+            .unwrap();
+        current = next;
+        round += 1;
+    }
+    stop.store(true, Relaxed);
+    reader.await.unwrap();
+    assert!(checks.load(Relaxed) > 0);
+    assert_eq!(store.len().await.unwrap(), N);
+    // an aborted version leaves nothing
+    let v3 = write("v3").await;
+    store.abort(&v3).await.unwrap();
+    assert_eq!(store.len().await.unwrap(), N);
+}
+
+async fn filters_apply_inside_the_search(b: &dyn Backend) {
+    let s = store(b).await;
+    let mut points = Vec::new();
+    for (doc, coll, tags) in [
+        ("a", Some("zoo"), vec!["animals"]),
+        ("b", Some("zoo"), vec!["plants"]),
+        ("c", None, vec!["animals", "x"]),
+    ] {
+        for i in 0..5 {
+            let p = payload_in(doc, i, &format!("/{doc}"), coll, &tags);
+            points.push((p, emb([1.0, i as f32, doc.len() as f32])));
+        }
+    }
+    s.upsert(points).await.unwrap();
+    let q = [1.0, 2.0, 1.0];
+    // the limit is filled from matching chunks only (filtering inside the search)
+    let zoo = SearchFilter {
+        collection: Some("zoo".into()),
+        tags: vec!["plants".into()],
+        ..Default::default()
+    };
+    let hits = dense(&s, q, 3, &zoo).await;
+    assert_eq!(hits.len(), 3);
+    assert!(hits.iter().all(|h| h.payload.document_id == "b"));
+    let tagged = SearchFilter {
+        tags: vec!["animals".into()],
+        ..Default::default()
+    };
+    let hits = dense(&s, q, 15, &tagged).await;
+    assert_eq!(hits.len(), 10);
+    assert!(hits
+        .iter()
+        .all(|h| h.payload.tags.contains(&"animals".to_string())));
+    let ids = SearchFilter {
+        document_ids: vec!["c".into(), "a".into()],
+        ..Default::default()
+    };
+    let all: std::collections::BTreeSet<String> = dense(&s, q, 15, &ids)
+        .await
+        .into_iter()
+        .map(|h| h.payload.document_id)
+        .collect();
+    assert_eq!(all.into_iter().collect::<Vec<_>>(), vec!["a", "c"]);
+}
+
+async fn documents_are_listed_in_pages_with_filters(b: &dyn Backend) {
+    let s = store(b).await;
+    let mut points = Vec::new();
+    for (doc, n, coll) in [("a", 2, Some("x")), ("b", 3, None), ("c", 1, Some("x"))] {
+        for i in 0..n {
+            let p = payload_in(doc, i, &format!("/{doc}"), coll, &[]);
+            points.push((p, emb([1.0, i as f32, 0.0])));
+        }
+    }
+    s.upsert(points).await.unwrap();
+    let all = SearchFilter::default();
+    let (page, more) = s.documents(&all, None, 2).await.unwrap();
+    assert_eq!(
+        page.iter()
+            .map(|d| (d.id.as_str(), d.chunks))
+            .collect::<Vec<_>>(),
+        vec![("a", 2), ("b", 3)]
+    );
+    assert!(more);
+    let (page, more) = s.documents(&all, Some("b"), 2).await.unwrap();
+    assert_eq!(page.len(), 1);
+    assert_eq!(page[0].id, "c");
+    assert!(!more);
+    let x = SearchFilter {
+        collection: Some("x".into()),
+        ..Default::default()
+    };
+    let (page, _) = s.documents(&x, None, 10).await.unwrap();
+    assert_eq!(
+        page.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(),
+        vec!["a", "c"]
+    );
+    assert_eq!(s.document("b").await.unwrap().unwrap().source, "/b");
+    assert!(s.document("zzz").await.unwrap().is_none());
+    // a document being written is not listed
+    s.begin(&version("b", "/b")).await.unwrap();
+    assert!(s.document("b").await.unwrap().is_none());
+    let (page, _) = s.documents(&all, None, 10).await.unwrap();
+    assert_eq!(page.len(), 2);
+}
+
+async fn an_interrupted_write_is_rolled_back_on_open(b: &dyn Backend) {
+    // a writer that stopped touching its journal entry is dead, at once here
+    let reopen = || async {
+        Store::open_with(b.open(3).await, &Identity::new("m", 3), Duration::ZERO)
+            .await
+            .unwrap()
+    };
+    {
+        let s = reopen().await;
+        s.begin(&version("old", "/s")).await.unwrap();
+        s.upsert(vec![(payload("old", 0, "/s"), emb([1.0, 0.0, 0.0]))])
+            .await
+            .unwrap();
+        s.publish(&version("old", "/s"), None, &[]).await.unwrap();
+        // a new version half written, then the process "dies" (no publish, no abort)
+        s.begin(&version("new", "/s")).await.unwrap();
+        s.upsert(vec![(payload("new", 0, "/s"), emb([1.0, 0.0, 0.0]))])
+            .await
+            .unwrap();
+        s.flush().await.unwrap();
+        // meanwhile, readers do not see it
+        let hits = dense(&s, [1.0, 0.0, 0.0], 5, &SearchFilter::default()).await;
+        assert_eq!(hits.len(), 1);
+        assert_eq!(hits[0].payload.document_id, "old");
+    }
+    let s = reopen().await;
+    assert_eq!(s.recovered(), &[version("new", "/s")]);
+    assert_eq!(s.chunk_count("new").await.unwrap(), 0);
+    assert_eq!(s.chunk_count("old").await.unwrap(), 1);
+    drop(s);
+    // nothing left to recover the next time, but it stays marked failed
+    let s = reopen().await;
+    assert!(s.recovered().is_empty());
+    assert_eq!(s.failed().await.unwrap(), vec![version("new", "/s")]);
+    // until its source is written again
+    s.begin(&version("newer", "/s")).await.unwrap();
+    s.publish(&version("newer", "/s"), None, &[version("old", "/s")])
+        .await
+        .unwrap();
+    assert!(s.failed().await.unwrap().is_empty());
+    drop(s);
+    assert!(reopen().await.failed().await.unwrap().is_empty());
+}
+
+async fn shared_content_is_stored_once_and_lives_while_a_source_holds_it(b: &dyn Backend) {
+    let s = store(b).await;
+    let doc = |src| {
+        (0..3)
+            .map(|i| {
+                (
+                    payload_in("a", i, src, Some("books"), &["x"]),
+                    emb([1.0, i as f32, 0.0]),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    s.upsert(doc("/one")).await.unwrap();
+    // the same content under a second source, in another collection with other tags
+    let second = origin("/two", Some("papers"), &["y"]);
+    assert!(s.attach("a", &second).await.unwrap());
+    assert!(
+        !s.attach("a", &second).await.unwrap(),
+        "attaching twice changes nothing"
+    );
+    assert_eq!(s.len().await.unwrap(), 3, "no duplicate chunks");
+    let info = s.document("a").await.unwrap().unwrap();
+    assert_eq!(info.sources, vec!["/one", "/two"]);
+    assert_eq!(info.source, "/one");
+    let found = |f: SearchFilter| {
+        let s = &s;
+        async move { dense(s, [1.0, 1.0, 0.0], 10, &f).await.len() }
+    };
+    let papers = SearchFilter {
+        collection: Some("papers".into()),
+        ..Default::default()
+    };
+    assert_eq!(found(papers.clone()).await, 3);
+    let tag_y = SearchFilter {
+        tags: vec!["y".into()],
+        ..Default::default()
+    };
+    assert_eq!(found(tag_y.clone()).await, 3);
+    assert!(s.documents_of_source("/two").await.unwrap().contains("a"));
+    // removing the first source keeps the content for the second, which is now cited
+    s.detach("a", "/one").await.unwrap();
+    let info = s.document("a").await.unwrap().unwrap();
+    assert_eq!((info.source.as_str(), info.sources.len()), ("/two", 1));
+    let books = SearchFilter {
+        collection: Some("books".into()),
+        ..Default::default()
+    };
+    assert_eq!(
+        found(books).await,
+        0,
+        "the collection of the removed source is gone"
+    );
+    assert_eq!(found(papers).await, 3);
+    assert!(s.documents_of_source("/one").await.unwrap().is_empty());
+    // removing the last source deletes the content
+    s.detach("a", "/two").await.unwrap();
+    assert_eq!(s.len().await.unwrap(), 0);
+    assert_eq!(found(tag_y).await, 0);
+}
+
+async fn fusion_weights_favour_their_own_ranking(b: &dyn Backend) {
+    let s = store(b).await;
+    // "d" leads the dense ranking, "b" is the only sparse match and too far away to be
+    // among the 4 dense candidates (4 × limit 1), so each is in one ranking only
+    let point = |doc: &str, dense: [f32; 3], term: u32| {
+        let mut e = emb(dense);
+        e.sparse = SparseVector {
+            indices: vec![term],
+            values: vec![1.0],
+        };
+        (payload(doc, 0, &format!("/{doc}")), e)
+    };
+    let mut points = vec![
+        point("d", [1.0, 0.0, 0.0], 9),
+        point("b", [0.0, 0.0, 1.0], 7),
+    ];
+    for i in 0..5 {
+        points.push(point(&format!("f{i}"), [1.0, 0.5 + i as f32 * 0.1, 0.0], 9));
+    }
+    s.upsert(points).await.unwrap();
+    let mut q = emb([1.0, 0.1, 0.0]);
+    q.sparse = SparseVector {
+        indices: vec![7],
+        values: vec![1.0],
+    };
+    for (dense_weight, sparse_weight, want) in [(10.0, 1.0, "d"), (1.0, 10.0, "b")] {
+        let f = Fusion {
+            method: FusionMethod::Rrf,
+            candidates: 4,
+            dense_weight,
+            sparse_weight,
+            ..Default::default()
+        };
+        let hits = s
+            .search(&q, SearchMode::Hybrid, &f, 1, &SearchFilter::default())
+            .await
+            .unwrap();
+        assert_eq!(hits[0].payload.document_id, want);
+    }
+}
+
+async fn mmr_gives_way_to_other_content_and_scores_come_without_payloads(b: &dyn Backend) {
+    let s = store(b).await;
+    // three near-duplicates right on the question, one different chunk a bit further
+    let mut points: Vec<_> = (0..3)
+        .map(|i| {
+            let doc = format!("dup{i}");
+            (
+                payload(&doc, 0, &format!("/{doc}")),
+                emb([1.0, 0.01 * i as f32, 0.0]),
+            )
+        })
+        .collect();
+    points.push((payload("other", 0, "/other"), emb([0.6, 0.0, 0.8])));
+    s.upsert(points).await.unwrap();
+    let q = emb([1.0, 0.0, 0.1]);
+    let none = SearchFilter::default();
+    let docs = |f: Fusion| {
+        let (s, q, none) = (&s, &q, &none);
+        async move {
+            s.search(q, SearchMode::Dense, &f, 2, none)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|h| h.payload.document_id)
+                .collect::<Vec<_>>()
+        }
+    };
+    let plain = Fusion::default();
+    assert_eq!(docs(plain).await, ["dup0", "dup1"]);
+    let diverse = Fusion {
+        mmr_lambda: Some(0.5),
+        ..Default::default()
+    };
+    assert_eq!(docs(diverse).await, ["dup0", "other"]);
+    // λ = 1: relevance only, the same list as without MMR
+    let relevance = Fusion {
+        mmr_lambda: Some(1.0),
+        ..Default::default()
+    };
+    assert_eq!(docs(relevance).await, ["dup0", "dup1"]);
+
+    let scored = s
+        .search_scores(&q, SearchMode::Dense, &plain, 2, &none)
+        .await
+        .unwrap();
+    let hits = s
+        .search(&q, SearchMode::Dense, &plain, 2, &none)
+        .await
+        .unwrap();
+    let expected: Vec<(u64, f32)> = hits
+        .iter()
+        .map(|h| {
+            (
+                point_id(&h.payload.document_id, h.payload.chunk_index),
+                h.score,
+            )
+        })
+        .collect();
+    assert_eq!(scored, expected);
+}
+
+/// The fusion computed from the two candidate lists equals the engine's own fused
+/// search: same chunks, same order, same scores.
+async fn fusing_the_candidate_lists_gives_the_engines_hybrid_ranking(b: &dyn Backend) {
+    let s = store(b).await;
+    let mut points = Vec::new();
+    for i in 0..40u32 {
+        let x = i as f32;
+        let mut e = emb([
+            1.0 + (x * 0.37).sin(),
+            (x * 0.91).cos(),
+            0.2 + (x * 0.13).sin(),
+        ]);
+        e.sparse = SparseVector {
+            indices: vec![i % 7, 10 + i % 3, 20 + i % 11],
+            values: vec![1.0 + (i % 4) as f32, 1.0, 0.5 + (i % 5) as f32],
+        };
+        points.push((payload(&format!("d{i}"), 0, &format!("/d{i}")), e));
+    }
+    s.upsert(points).await.unwrap();
+    let mut q = emb([1.0, 0.3, 0.5]);
+    q.sparse = SparseVector {
+        indices: vec![3, 11, 25],
+        values: vec![1.0, 1.0, 1.0],
+    };
+    let none = SearchFilter::default();
+    for fusion in [
+        // the engine's DBSF has no weights
+        Fusion::default(),
+        Fusion {
+            method: FusionMethod::Rrf,
+            dense_weight: 3.0,
+            ..Default::default()
+        },
+    ] {
+        let limit = 5;
+        let depth = limit * fusion.candidates;
+        let dense = s
+            .search_scores(&q, SearchMode::Dense, &fusion, depth, &none)
+            .await
+            .unwrap();
+        let sparse = s
+            .search_scores(&q, SearchMode::Sparse, &fusion, depth, &none)
+            .await
+            .unwrap();
+        assert!(dense.len() > limit && sparse.len() > limit);
+        let mut ours = fusion.fuse(&dense, &sparse);
+        ours.truncate(limit);
+        let engine = s
+            .search(&q, SearchMode::Hybrid, &fusion, limit, &none)
+            .await
+            .unwrap();
+        let ours_hits = s.hits(&ours).await.unwrap();
+        assert_eq!(ours_hits.len(), engine.len(), "{:?}", fusion.method);
+        for (a, b) in ours_hits.iter().zip(&engine) {
+            assert_eq!(
+                a.payload.document_id, b.payload.document_id,
+                "{:?}",
+                fusion.method
+            );
+            assert!(
+                (a.score - b.score).abs() < 1e-5,
+                "{} vs {}",
+                a.score,
+                b.score
+            );
+        }
+    }
+}
+
+async fn the_catalog_is_shared_and_ordered(b: &dyn Backend) {
+    let index = b.open(3).await;
+    use serde_json::json;
+    index.catalog_put("t", "b", json!({"n": 2})).await.unwrap();
+    index.catalog_put("t", "a", json!("one")).await.unwrap();
+    index.catalog_put("u", "a", json!(3)).await.unwrap();
+    index.catalog_put("t", "a", json!("uno")).await.unwrap();
+    assert_eq!(
+        index.catalog_list("t").await.unwrap(),
+        vec![
+            ("a".to_string(), json!("uno")),
+            ("b".to_string(), json!({"n": 2}))
+        ]
+    );
+    assert_eq!(index.catalog_get("u", "a").await.unwrap(), Some(json!(3)));
+    index.catalog_delete("t", "a").await.unwrap();
+    index.catalog_delete("t", "missing").await.unwrap();
+    assert_eq!(index.catalog_get("t", "a").await.unwrap(), None);
+    drop(index);
+    // another opener (a restart, or another replica) sees the same catalog
+    let again = b.open(3).await;
+    assert_eq!(
+        again.catalog_list("t").await.unwrap(),
+        vec![("b".to_string(), json!({"n": 2}))]
+    );
+}
+
+async fn points_scroll_in_pages_with_their_vectors(b: &dyn Backend) {
+    let s = store(b).await;
+    let points: Vec<_> = (0..25)
+        .map(|i| (payload("d", i, "/d"), emb([1.0, i as f32, 0.0])))
+        .collect();
+    s.upsert(points.clone()).await.unwrap();
+    let mut seen = Vec::new();
+    let mut offset = None;
+    loop {
+        let (page, next) = s.index().scroll_points(10, offset).await.unwrap();
+        assert!(page.len() <= 10);
+        seen.extend(page);
+        match next {
+            Some(n) => offset = Some(n),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 25);
+    for (p, e) in &points {
+        let id = point_id(&p.document_id, p.chunk_index);
+        let got = seen.iter().find(|s| s.id == id).expect("every point");
+        assert!(got
+            .dense
+            .iter()
+            .zip(&e.dense)
+            .all(|(a, b)| (a - b).abs() < 1e-5));
+        assert_eq!(got.sparse, e.sparse);
+        assert_eq!(got.payload["text"], serde_json::json!(p.text));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// One test per case and engine
+
+macro_rules! contract {
+    ($($case:ident),* $(,)?) => {
+        mod edge {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let b = super::Edge(tempfile::tempdir().unwrap());
+                    super::$case(&b).await;
+                }
+            )*
+        }
+        mod qdrant {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let Some(b) = super::server(stringify!($case)) else {
+                        println!("SKIP qdrant::{}: QDRANT_URL is not set (no Qdrant server to test against)", stringify!($case));
+                        return;
+                    };
+                    super::$case(&b).await;
+                }
+            )*
+        }
+    };
+}
+
+contract!(
+    upsert_search_delete_and_reopen,
+    readers_see_exactly_one_version_while_it_is_replaced,
+    filters_apply_inside_the_search,
+    documents_are_listed_in_pages_with_filters,
+    an_interrupted_write_is_rolled_back_on_open,
+    shared_content_is_stored_once_and_lives_while_a_source_holds_it,
+    fusion_weights_favour_their_own_ranking,
+    mmr_gives_way_to_other_content_and_scores_come_without_payloads,
+    fusing_the_candidate_lists_gives_the_engines_hybrid_ranking,
+    the_catalog_is_shared_and_ordered,
+    points_scroll_in_pages_with_their_vectors,
+    migrate_copies_everything_and_resumes,
+);
+
+#[test]
+fn point_ids_are_stable_and_distinct() {
+    assert_eq!(point_id("a", 0), point_id("a", 0));
+    assert_ne!(point_id("a", 0), point_id("a", 1));
+    assert_ne!(point_id("a", 0), point_id("b", 0));
+}
+
+#[test]
+fn dbsf_weights_favour_their_own_ranking() {
+    // "a" leads the dense list, "b" the sparse one; each is last in the other
+    let dense = [(1, 0.9), (3, 0.5), (2, 0.4)];
+    let sparse = [(2, 30.0), (3, 20.0), (1, 5.0)];
+    let top = |dense_weight, sparse_weight| {
+        let f = Fusion {
+            dense_weight,
+            sparse_weight,
+            ..Default::default()
+        };
+        f.fuse(&dense, &sparse)[0].0
+    };
+    assert_eq!(top(3.0, 1.0), 1);
+    assert_eq!(top(1.0, 3.0), 2);
+    // one score in a list: it counts half its weight
+    let f = Fusion::default();
+    assert_eq!(f.fuse(&[(7, 0.3)], &[]), vec![(7, 0.5 * f.dense_weight)]);
+}
+
+/// `docent migrate`: everything is copied, and a run interrupted after its first batch
+/// resumes where it stopped.
+async fn migrate_copies_everything_and_resumes(b: &dyn Backend) {
+    let s = store(b).await;
+    let points: Vec<_> = (0..35)
+        .map(|i| (payload("m", i, "/m"), emb([1.0, i as f32, 0.0])))
+        .collect();
+    s.upsert(points).await.unwrap();
+    let source = s.index().clone();
+    let target_dir = tempfile::tempdir().unwrap();
+    let target: Arc<dyn VectorIndex> = Arc::new(EdgeIndex::open(target_dir.path(), 3).unwrap());
+
+    struct StopAfterFirst(std::sync::atomic::AtomicUsize);
+    impl docent_store::migrate::Progress for StopAfterFirst {
+        fn advance(&self, _: usize) {
+            if self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+                panic!("a simulated interruption of the first run (expected)");
+            }
+        }
+    }
+    let (from, to) = (source.clone(), target.clone());
+    let interrupted = tokio::spawn(async move {
+        let stop = StopAfterFirst(Default::default());
+        docent_store::migrate::copy(&*from, &*to, 10, &stop).await
+    })
+    .await;
+    assert!(
+        interrupted.is_err(),
+        "the first run stops in its second batch"
+    );
+    let copied = docent_store::migrate::copy(&*source, &*target, 10, &())
+        .await
+        .unwrap();
+    assert!(copied.resumed);
+    assert_eq!(copied.points, 25, "resumed after the first batch of 10");
+    assert_eq!(copied.target_points, 35);
+    drop(s);
+    drop(source);
+    // the copy opens as the same index and answers the same
+    let copy = Store::open(target, &Identity::new("m", 3)).await.unwrap();
+    let hits = dense(&copy, [1.0, 7.0, 0.0], 3, &SearchFilter::default()).await;
+    assert_eq!(hits[0].payload, payload("m", 7, "/m"));
+    assert_eq!(copy.document("m").await.unwrap().unwrap().chunks, 35);
+    // a target built with another model is refused
+    let other_dir = tempfile::tempdir().unwrap();
+    let other = Store::open(
+        Arc::new(EdgeIndex::open(other_dir.path(), 3).unwrap()),
+        &Identity::new("other", 3),
+    )
+    .await
+    .unwrap();
+    let src = store(b).await;
+    let err = docent_store::migrate::copy(&**src.index(), &**other.index(), 10, &())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("another embedding model"), "{err}");
+}
