@@ -379,7 +379,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 // the model's own markers; the eval applies the fallback itself to compare
                 let mut config = evaluated.config.clone();
                 config.citations.fallback = false;
-                let engine = startup::query_engine(&config, evaluated.index.clone()).await?;
+                let engine =
+                    Arc::new(startup::query_engine(&config, evaluated.index.clone()).await?);
                 report.answers = Some(docent::tools::eval::answers(&engine, &data, n).await?);
             }
             print_report(&report, json)
@@ -517,7 +518,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             top_k,
         } => {
             let index = startup::open_index(&config).await?;
-            let engine = startup::query_engine(&config, index).await?;
+            let engine = Arc::new(startup::query_engine(&config, index).await?);
             let response = engine
                 .answer(QueryRequest {
                     question,

@@ -790,20 +790,23 @@ impl QueryEngine {
         response
     }
 
-    pub async fn answer(&self, request: QueryRequest) -> Result<QueryResponse, QueryError> {
-        let started = Instant::now();
-        let q = request.validate(&self.limits)?;
-        let p = match self.prepare(q, started).await? {
-            Prepared::Ready(response) => return Ok(response),
-            Prepared::Generate(p) => p,
-        };
-        let generation_started = Instant::now();
-        let generation = self.generator.chat(&p.prompt, &p.q.params).await?;
-        let generation_ms = generation_started.elapsed().as_secs_f64() * 1e3;
-        let text = postprocess::truncate_at_stop(&generation.text, &p.q.params.stop);
-        let (answer, citations) = postprocess::cite(text, &p.hits);
-        let (answer, citations) = self.attribute(answer, citations, &p.hits).await?;
-        Ok(self.finish(&p, answer, citations, &generation, generation_ms, None))
+    /// The answer as one response: the same orchestration as [`Self::answer_stream`]
+    /// (one path for JSON and streamed answers), its events collected until `done`.
+    pub async fn answer(
+        self: &Arc<Self>,
+        request: QueryRequest,
+    ) -> Result<QueryResponse, QueryError> {
+        let mut events = self.answer_stream(request).await?;
+        while let Some(event) = events.recv().await {
+            match event {
+                QueryEvent::Done(response) => return Ok(*response),
+                QueryEvent::Error(e) => return Err(e),
+                _ => {}
+            }
+        }
+        Err(QueryError::Internal(
+            "the answer ended without a result".into(),
+        ))
     }
 
     /// The answer as a stream of events. Errors before the model starts (bad request, busy,

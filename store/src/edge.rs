@@ -116,6 +116,7 @@ impl EdgeIndex {
                 None => break,
             }
         }
+        adopt_legacy_identity(dir, &catalog, &mut mirror)?;
         Ok(EdgeIndex {
             inner: Arc::new(Inner {
                 shard,
@@ -141,6 +142,38 @@ impl EdgeIndex {
             Err(_) => f(&inner),
         }
     }
+}
+
+/// An index written before the catalog existed (format 2) kept its identity in
+/// `index.json` and its points in today's layout: its identity moves into the catalog, so
+/// the model check still applies. Older layouts are refused by the check itself.
+fn adopt_legacy_identity(
+    dir: &Path,
+    catalog: &EdgeShard,
+    mirror: &mut BTreeMap<(String, String), Value>,
+) -> Result<()> {
+    let key = ("meta".to_string(), "identity".to_string());
+    let file = dir.join("index.json");
+    if mirror.contains_key(&key) || !file.is_file() {
+        return Ok(());
+    }
+    let bytes = std::fs::read(&file).map_err(|e| Error::io(&file, e))?;
+    let mut legacy: Value = serde_json::from_slice(&bytes).map_err(|e| Error::Malformed {
+        what: "index.json",
+        detail: e.to_string(),
+    })?;
+    if legacy["format"] == json!(2) {
+        legacy["format"] = json!(crate::store::FORMAT);
+    }
+    let point = catalog_point(&key.0, &key.1, legacy.clone())?;
+    catalog
+        .update(UpdateOperation::PointOperation(
+            PointOperations::UpsertPoints(PointInsertOperations::PointsList(vec![point.into()])),
+        ))
+        .map_err(Error::engine)?;
+    catalog.flush();
+    mirror.insert(key, legacy);
+    Ok(())
 }
 
 fn key(name: &str) -> Result<JsonPath> {
@@ -555,7 +588,7 @@ impl VectorIndex for EdgeIndex {
                     ])),
                 ))
                 .map_err(Error::engine)?;
-            i.catalog.flush();
+            // the write-ahead log (mmap'd) survives a killed process; sync_catalog fsyncs
             mirror.insert((kind, name), value);
             Ok(())
         })
@@ -576,6 +609,13 @@ impl VectorIndex for EdgeIndex {
                     },
                 ))
                 .map_err(Error::engine)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn sync_catalog(&self) -> Result<()> {
+        self.run(|i| {
             i.catalog.flush();
             Ok(())
         })
@@ -613,6 +653,29 @@ mod tests {
             second.contains("in use by another docent process"),
             "{second}"
         );
+    }
+
+    #[test]
+    fn an_index_from_before_the_catalog_keeps_its_model_check() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("index.json"),
+            r#"{"format": 2, "embedding_model_sha256": "abc", "dim": 3}"#,
+        )
+        .unwrap();
+        let index = EdgeIndex::open(dir.path(), 3).unwrap();
+        let identity = futures::executor::block_on(index.catalog_get("meta", "identity"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(identity["embedding_model_sha256"], "abc");
+        assert_eq!(identity["format"], json!(crate::store::FORMAT));
+        let index: Arc<dyn VectorIndex> = Arc::new(index);
+        let other = crate::Identity::new("another-model", 3);
+        let err = futures::executor::block_on(crate::Store::open(index, &other))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("another embedding model"), "{err}");
     }
 
     #[test]

@@ -173,8 +173,12 @@ pub trait VectorIndex: Send + Sync {
     /// A catalog value.
     async fn catalog_get(&self, kind: &str, name: &str) -> Result<Option<Value>>;
 
-    /// Sets a catalog value (durably, before returning).
+    /// Sets a catalog value. Once this returns, the value survives the process being
+    /// killed; [`Self::sync_catalog`] makes it survive a power cut too.
     async fn catalog_put(&self, kind: &str, name: &str, value: Value) -> Result<()>;
+
+    /// Makes every catalog change so far durable (also against a power cut).
+    async fn sync_catalog(&self) -> Result<()>;
 
     /// Removes a catalog value (absent is fine).
     async fn catalog_delete(&self, kind: &str, name: &str) -> Result<()>;

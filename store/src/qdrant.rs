@@ -640,6 +640,11 @@ impl VectorIndex for QdrantIndex {
         .await
     }
 
+    async fn sync_catalog(&self) -> Result<()> {
+        // every write waited for the server's acknowledgement (its WAL)
+        Ok(())
+    }
+
     async fn catalog_delete(&self, kind: &str, name: &str) -> Result<()> {
         let ids = PointsIdsList {
             ids: vec![catalog_id(kind, name).into()],

@@ -211,7 +211,9 @@ impl Store {
         .map_err(Error::engine)?;
         self.index
             .catalog_put("journal", &journal_name(v), value)
-            .await
+            .await?;
+        // a journal entry must outlive a power cut: it is what recovery goes by
+        self.index.sync_catalog().await
     }
 
     /// Rolls unfinished writes back (a version being written) or forward (a version being
@@ -277,7 +279,8 @@ impl Store {
             }
         }
         self.index.flush().await?;
-        self.bump().await
+        self.bump().await?;
+        self.index.sync_catalog().await
     }
 
     /// Marks a change of what search can see (see [`Self::revision`]).

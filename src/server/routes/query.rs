@@ -11,8 +11,9 @@ pub async fn answer(
     body: web::Json<QueryRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let request = body.into_inner();
+    let engine = engine.into_inner();
     if request.stream {
-        let events = engine.into_inner().answer_stream(request).await?;
+        let events = engine.answer_stream(request).await?;
         return Ok(HttpResponse::Ok()
             .content_type("text/event-stream")
             .insert_header(("Cache-Control", "no-cache"))

@@ -315,7 +315,7 @@ pub fn contains_answer(text: &str, golds: &[String]) -> bool {
 
 /// Answers the first `n` questions with the full query path and scores them.
 pub async fn answers(
-    engine: &crate::query::QueryEngine,
+    engine: &std::sync::Arc<crate::query::QueryEngine>,
     data: &Dataset,
     n: usize,
 ) -> anyhow::Result<AnswerReport> {
