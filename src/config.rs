@@ -762,3 +762,118 @@ mod tests {
         );
     }
 }
+
+/// The query path's request validation against the limits this configuration gives
+/// (here, not in `query`, so that `query` never depends on `config`).
+#[cfg(test)]
+mod query_limits_tests {
+    use crate::query::*;
+
+    fn limits() -> Limits {
+        super::Config::default().limits()
+    }
+
+    #[test]
+    fn defaults_come_from_config() {
+        let q = QueryRequest {
+            question: "  What is Cargo?  ".into(),
+            ..Default::default()
+        }
+        .validate(&limits())
+        .unwrap();
+        assert_eq!(q.search.question, "What is Cargo?");
+        assert_eq!(q.search.top_k, super::Config::default().retrieval.top_k);
+        assert_eq!(q.search.neighbors, 0);
+        assert_eq!((q.params.top_p, q.params.top_k), (1.0, 0));
+        // a request's stop sequences come after the template's, once each
+        let q: QueryRequest = serde_json::from_str(
+            r#"{"question": "q", "generation": {"stop": ["END", "END", "<|im_end|>"], "top_k": 40}}"#,
+        )
+        .unwrap();
+        let q = q.validate(&limits()).unwrap();
+        assert_eq!(q.params.top_k, 40);
+        let mut want: Vec<String> = DEFAULT_STOPS.iter().map(|s| s.to_string()).collect();
+        want.push("END".into());
+        assert_eq!(q.params.stop, want);
+        assert_eq!(
+            q.params.max_tokens,
+            super::Config::default().generation.max_tokens
+        );
+        assert_eq!(q.params.temperature, 0.0);
+    }
+
+    #[test]
+    fn bad_requests_name_the_field() {
+        let bad = [
+            (r#"{"question": "  "}"#, "question"),
+            (
+                r#"{"question": "q", "retrieval": {"top_k": 0}}"#,
+                "retrieval.top_k",
+            ),
+            (
+                r#"{"question": "q", "retrieval": {"top_k": 999}}"#,
+                "retrieval.top_k",
+            ),
+            (
+                r#"{"question": "q", "generation": {"max_tokens": 0}}"#,
+                "generation.max_tokens",
+            ),
+            (
+                r#"{"question": "q", "generation": {"temperature": -1}}"#,
+                "generation.temperature",
+            ),
+            (
+                r#"{"question": "q", "generation": {"repetition_penalty": 9}}"#,
+                "generation.repetition_penalty",
+            ),
+            (
+                r#"{"question": "q", "history": [{"role": "user", "content": " "}]}"#,
+                "history",
+            ),
+            (
+                r#"{"question": "q", "generation": {"top_p": 0}}"#,
+                "generation.top_p",
+            ),
+            (
+                r#"{"question": "q", "generation": {"seed": 7}}"#,
+                "generation.seed",
+            ),
+            (
+                r#"{"question": "q", "generation": {"stop": [""]}}"#,
+                "generation.stop",
+            ),
+            (
+                r#"{"question": "q", "retrieval": {"neighbors": 6}}"#,
+                "retrieval.neighbors",
+            ),
+        ];
+        for (json, field) in bad {
+            let r: QueryRequest = serde_json::from_str(json).unwrap();
+            match r.validate(&limits()) {
+                Err(QueryError::Invalid { field: f, .. }) => assert_eq!(f, field, "{json}"),
+                other => panic!("{json}: {other:?}"),
+            }
+        }
+        let long = QueryRequest {
+            question: "x".repeat(5000),
+            ..Default::default()
+        };
+        assert!(long.validate(&limits()).is_err());
+        // with a draft model, sampling is refused instead of silently decoded greedily
+        let mut speculative = limits();
+        speculative.greedy_only = true;
+        let sampled: QueryRequest =
+            serde_json::from_str(r#"{"question": "q", "generation": {"temperature": 0.7}}"#)
+                .unwrap();
+        assert!(matches!(
+            sampled.validate(&speculative),
+            Err(QueryError::Invalid {
+                field: "generation.temperature",
+                ..
+            })
+        ));
+        let greedy: QueryRequest = serde_json::from_str(r#"{"question": "q"}"#).unwrap();
+        assert!(greedy.validate(&speculative).is_ok());
+        assert!(serde_json::from_str::<QueryRequest>(r#"{"question": "q", "topk": 1}"#).is_err());
+    }
+}
