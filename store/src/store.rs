@@ -231,13 +231,7 @@ impl Store {
             }
             match journaled.entry {
                 JournalEntry::Writing { version } => {
-                    // content is written only when no source holds it yet
-                    self.index
-                        .delete(&Filter::is("document_id", &version.document_id))
-                        .await?;
-                    self.index
-                        .catalog_delete("hidden", &version.document_id)
-                        .await?;
+                    self.roll_back(&version).await?;
                     tracing::warn!(source = %version.source, "rolled back an interrupted ingest");
                     self.index
                         .catalog_put(
@@ -553,16 +547,22 @@ impl Store {
 
     /// Deletes a version that could not be written completely.
     pub async fn abort(&self, version: &Version) -> Result<()> {
+        self.roll_back(version).await?;
+        self.index
+            .catalog_delete("journal", &journal_name(version))
+            .await?;
+        self.bump().await
+    }
+
+    /// Removes a version being written and its hidden mark (content is written only when
+    /// no source holds it yet, so the whole document goes).
+    async fn roll_back(&self, version: &Version) -> Result<()> {
         self.index
             .delete(&Filter::is("document_id", &version.document_id))
             .await?;
         self.index
             .catalog_delete("hidden", &version.document_id)
-            .await?;
-        self.index
-            .catalog_delete("journal", &journal_name(version))
-            .await?;
-        self.bump().await
+            .await
     }
 
     /// Documents hidden from search now.
