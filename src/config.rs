@@ -169,6 +169,15 @@ pub struct CitationsConfig {
     pub add_at: f32,
     /// Support below which a model-written marker is removed.
     pub drop_below: f32,
+    /// A generated sentence (two content words or more) that no retrieved chunk supports
+    /// this much is left out as unsupported; an answer left empty falls back to the
+    /// extractive answer. 0 keeps every sentence.
+    #[serde(default = "default_unsupported_below")]
+    pub unsupported_below: f32,
+}
+
+fn default_unsupported_below() -> f32 {
+    0.2
 }
 
 impl Default for CitationsConfig {
@@ -177,6 +186,7 @@ impl Default for CitationsConfig {
             fallback: true,
             add_at: 0.3,
             drop_below: 0.1,
+            unsupported_below: default_unsupported_below(),
         }
     }
 }
@@ -378,6 +388,7 @@ impl Config {
                 .then_some(crate::query::postprocess::Attribution {
                     add_at: c.citations.add_at,
                     drop_below: c.citations.drop_below,
+                    unsupported_below: c.citations.unsupported_below,
                 }),
         }
     }

@@ -1,26 +1,31 @@
-//! Server-Sent Events framing of a streamed answer.
+//! Server-Sent Events of a streamed answer, framed by actix-web-lab's `Sse` (maintained by
+//! actix-web's maintainer): one `event: <type>` with a JSON `data:` line per event, and a
+//! `: keep-alive` comment whenever the stream has been quiet for the keep-alive period.
 
-use actix_web::web;
+use std::time::Duration;
+
+use actix_web_lab::sse::{Data, Event, Sse};
 use serde_json::json;
 
 use crate::query::QueryEvent;
 use crate::server::error::ApiError;
 
-/// Server-Sent Events: `event: <type>` and a JSON `data:` line per event; keep-alives are
-/// comments. Dropping this body (the client went away) drops the receiver, which cancels
-/// the generation.
+/// The response body of a streamed answer. Dropping it (the client went away) drops the
+/// receiver, which cancels the generation.
 pub fn sse(
     events: tokio::sync::mpsc::Receiver<QueryEvent>,
-) -> impl futures::Stream<Item = Result<web::Bytes, actix_web::Error>> {
-    futures::stream::unfold(events, |mut events| async move {
-        let event = events.recv().await?;
-        Some((Ok(web::Bytes::from(sse_frame(event))), events))
-    })
+    keep_alive: Duration,
+) -> Sse<impl futures::Stream<Item = Result<Event, std::convert::Infallible>>> {
+    let stream = futures::stream::unfold(events, |mut events| async move {
+        let e = events.recv().await?;
+        Some((Ok(event(e)), events))
+    });
+    Sse::from_stream(stream).with_keep_alive(keep_alive)
 }
 
-pub fn sse_frame(event: QueryEvent) -> String {
+/// One answer event as an SSE event.
+pub fn event(event: QueryEvent) -> Event {
     let (name, data) = match event {
-        QueryEvent::KeepAlive => return ": keep-alive\n\n".to_string(),
         QueryEvent::Retrieval(r) => ("retrieval", serde_json::to_string(&r)),
         QueryEvent::Delta { text } => ("delta", serde_json::to_string(&json!({ "text": text }))),
         QueryEvent::Citation(c) => ("citation", serde_json::to_string(&c)),
@@ -33,5 +38,34 @@ pub fn sse_frame(event: QueryEvent) -> String {
     let data = data.unwrap_or_else(|e| {
         json!({ "error": { "code": "internal", "message": e.to_string() } }).to_string()
     });
-    format!("event: {name}\ndata: {data}\n\n")
+    Data::new(data).event(name).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actix_web::body::MessageBody;
+
+    #[actix_web::test]
+    async fn frames_events_and_keep_alives() {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tx.send(QueryEvent::Delta {
+            text: "two\nlines".into(),
+        })
+        .await
+        .unwrap();
+        let body = sse(rx, Duration::from_millis(20));
+        let waiter = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(70)).await;
+            drop(tx);
+        });
+        let bytes = actix_web::body::to_bytes(body.boxed()).await.unwrap();
+        waiter.await.unwrap();
+        let text = std::str::from_utf8(&bytes).unwrap();
+        assert!(
+            text.starts_with("event: delta\ndata: {\"text\":\"two\\nlines\"}\n\n"),
+            "{text:?}"
+        );
+        assert!(text.contains(": keep-alive\n\n"), "{text:?}");
+    }
 }

@@ -58,4 +58,25 @@ fn query_benchmark_builds_a_cached_index_and_measures_the_real_server() {
     };
     assert_eq!(&same_time, built);
     assert!(!dir.path().join("unused").exists());
+
+    // with a server store configured, the cached embedded index is copied to it before
+    // docent is measured there; an unreachable server is an error that names it
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port(); // bound, then released: nothing listens there now
+    let mut on_server = c.clone();
+    on_server.store.kind = docent::config::StoreKind::Qdrant;
+    on_server.store.url = Some(format!("http://127.0.0.1:{port}"));
+    on_server.store.timeout_s = 2;
+    let err = run(&on_server, &opts).unwrap_err();
+    let message = format!("{err:#}");
+    assert!(
+        message.contains(&format!(
+            "copying the bench index to http://127.0.0.1:{port}"
+        )),
+        "{message}"
+    );
+    assert!(message.contains("collection docent_bench_20"), "{message}");
 }

@@ -1,6 +1,9 @@
 //! Stage **postprocess**: cut at stop sequences ([`stop`]), turn the answer's `[n]` markers
-//! into citations of the context blocks, and drop markers that refer to no block.
+//! into citations of the context blocks, and drop markers that refer to no block; the
+//! degeneration guards ([`guard`]) and the extractive answer ([`extractive`]).
 
+pub mod extractive;
+pub mod guard;
 pub mod stop;
 
 pub use stop::truncate_at_stop;
@@ -154,7 +157,7 @@ const STOPWORDS: &[&str] = &[
     "those", "been", "being", "such", "any", "all", "our", "out", "use",
 ];
 
-fn words(text: &str) -> HashSet<String> {
+pub(crate) fn words(text: &str) -> HashSet<String> {
     WORD.find_iter(text)
         .map(|w| w.as_str().to_lowercase())
         .filter(|w| w.chars().count() > 2 && !STOPWORDS.contains(&w.as_str()))
@@ -270,6 +273,9 @@ pub struct Attribution {
     pub add_at: f32,
     /// A model-written marker is removed below this.
     pub drop_below: f32,
+    /// A sentence (two content words or more) that no chunk supports this much is left
+    /// out of the answer as unsupported.
+    pub unsupported_below: f32,
 }
 
 /// How much a chunk supports a sentence, lexically: the share of the sentence's content
@@ -281,6 +287,39 @@ pub fn lexical_support(sentence: &str, chunk: &str) -> f32 {
     }
     let c = words(chunk);
     s.intersection(&c).count() as f32 / s.len() as f32
+}
+
+/// Cosine similarity of two vectors.
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+    dot / (norm(a) * norm(b))
+}
+
+/// How much each block supports each claim: the mean of [`lexical_support`] and the
+/// cosine of their embeddings (`claim_vectors[i]`, `block_vectors[b]`).
+pub fn support_matrix(
+    claims: &[Claim],
+    claim_vectors: &[Vec<f32>],
+    blocks: &[&str],
+    block_vectors: &[Vec<f32>],
+) -> Vec<Vec<f32>> {
+    claims
+        .iter()
+        .zip(claim_vectors)
+        .map(|(c, cv)| {
+            blocks
+                .iter()
+                .zip(block_vectors)
+                .map(|(b, bv)| (lexical_support(&c.text, b) + cosine(cv, bv)) / 2.0)
+                .collect()
+        })
+        .collect()
+}
+
+/// Content words (three letters or more, not function words) in `text`.
+pub fn content_word_count(text: &str) -> usize {
+    words(text).len()
 }
 
 /// Fallback attribution on a normal-form answer: `support[i][b]` is how much block `b + 1`
@@ -422,6 +461,11 @@ impl AnswerStream {
         let mut step = self.advance(safe, blocks);
         step.stopped = self.stopped;
         step
+    }
+
+    /// The text still held back, once the model is done (or stopped).
+    pub fn finish_text(&mut self, blocks: &[Hit]) -> String {
+        self.advance(self.raw.len(), blocks).text
     }
 
     /// The rest of the answer once the model is done, and the final answer and citations
@@ -618,6 +662,7 @@ mod tests {
         let a = Attribution {
             add_at: 0.5,
             drop_below: 0.15,
+            unsupported_below: 0.0,
         };
         let (text, cits) = attribute(&answer, &found, &support, &blocks, a);
         assert_eq!(

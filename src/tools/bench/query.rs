@@ -10,6 +10,11 @@
 //! cached; a later run reuses them. Each server runs as its own process, one at a time;
 //! the load generator (one thread and one keep-alive connection per client) is the same
 //! for both.
+//!
+//! With `[store] kind = "qdrant"` in the configuration (or `DOCENT_STORE__KIND=qdrant` and
+//! `DOCENT_STORE__URL`), each embedded index is also copied to the server (collection
+//! `<store.collection>_bench_<size>`, resumable like `docent migrate`) and docent is measured
+//! a second time on it: the same questions, the same points, the server's round trips added.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -26,7 +31,7 @@ use serde::{Deserialize, Serialize};
 
 use super::http::Connection;
 use super::Peer;
-use crate::config::Config;
+use crate::config::{Config, StoreConfig, StoreKind};
 use crate::server::startup;
 
 /// What to measure.
@@ -92,6 +97,17 @@ pub struct QueryBench {
 }
 
 const DOCENT: &str = "docent";
+const DOCENT_SERVER: &str = "docent, qdrant server store";
+
+/// One server measured over an index.
+enum Target<'a> {
+    /// docent on the embedded store (the index files themselves).
+    Docent,
+    /// docent on a Qdrant server, over a copy of the index.
+    DocentServer(StoreConfig),
+    /// The Python peer on one of its stores.
+    Peer(&'a Peer, &'a str),
+}
 
 /// The peer's vector stores (`--store` of scripts/bench_query_peer.py) and their names.
 const PEER_STORES: &[(&str, &str)] = &[
@@ -138,19 +154,24 @@ pub fn run(config: &Config, opts: &Options) -> anyhow::Result<QueryBench> {
             info.files,
             dir.display()
         );
-        let mut servers = vec![(DOCENT, None)];
+        let mut servers = vec![(DOCENT, Target::Docent)];
+        if config.store.kind == StoreKind::Qdrant {
+            let store = copy_to_server(config, &dir, size)?;
+            servers.push((DOCENT_SERVER, Target::DocentServer(store)));
+        }
         if let Some(peer) = &opts.peer {
             servers.extend(
                 PEER_STORES
                     .iter()
-                    .map(|(store, name)| (*name, Some((peer, *store)))),
+                    .map(|(store, name)| (*name, Target::Peer(peer, store))),
             );
         }
         let mut top_hits: Vec<(String, Vec<(String, u64)>)> = Vec::new();
-        for (server, peer) in servers {
-            let child = match peer {
-                None => start_docent(config, opts, &dir)?,
-                Some((peer, store)) => start_peer(config, peer, store, &dir)?,
+        for (server, target) in servers {
+            let child = match target {
+                Target::Docent => start_docent(config, opts, &dir, &StoreConfig::default())?,
+                Target::DocentServer(store) => start_docent(config, opts, &dir, &store)?,
+                Target::Peer(peer, store) => start_peer(config, peer, store, &dir)?,
             };
             let top = top_hits_of(child.addr, &bodies[..opts.compare.min(bodies.len())])?;
             top_hits.push((server.to_string(), top));
@@ -241,6 +262,8 @@ fn index_for(config: &Config, opts: &Options, size: usize) -> anyhow::Result<(Pa
     );
     let mut config = config.clone();
     config.data_dir = dir.clone();
+    // built embedded, where it is cached; a server store gets a copy (copy_to_server)
+    config.store = StoreConfig::default();
     let index = startup::open_index_blocking(&config)?;
     let ingestor = startup::ingestor_with(
         &config,
@@ -309,12 +332,57 @@ fn free_addr() -> anyhow::Result<SocketAddr> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
-fn start_docent(config: &Config, opts: &Options, dir: &Path) -> anyhow::Result<Server> {
+/// The embedded index in `dir` copied to the configured Qdrant server, in a collection of
+/// its own per size; an earlier complete copy is kept, an interrupted one resumed.
+fn copy_to_server(config: &Config, dir: &Path, size: usize) -> anyhow::Result<StoreConfig> {
+    let store = StoreConfig {
+        collection: format!("{}_bench_{size}", config.store.collection),
+        ..config.store.clone()
+    };
+    let mut local = config.clone();
+    local.data_dir = dir.to_path_buf();
+    local.store = StoreConfig::default();
+    let index = startup::open_index_blocking(&local)?;
+    let location = store.location(dir);
+    eprintln!(
+        "bench: copying the index to {} (collection {})",
+        store.url.as_deref().unwrap_or(""),
+        store.collection
+    );
+    let copied = block_on(async {
+        let target = docent_ingest::store::open_index(&location, index.embedder.dim()).await?;
+        docent_ingest::store::migrate::copy(&**index.store.index(), &*target, 256, &()).await
+    })
+    .with_context(|| {
+        format!(
+            "copying the bench index to {} (collection {})",
+            store.url.as_deref().unwrap_or(""),
+            store.collection
+        )
+    })?;
+    eprintln!(
+        "bench: the server collection holds {} chunks ({} copied now)",
+        copied.target_points, copied.points
+    );
+    Ok(store)
+}
+
+fn start_docent(
+    config: &Config,
+    opts: &Options,
+    dir: &Path,
+    store: &StoreConfig,
+) -> anyhow::Result<Server> {
     let addr = free_addr()?;
     // the server runs on exactly this configuration (DOCENT_* variables are cleared so
     // they cannot override it differently than they did here)
     let mut config = config.clone();
     config.data_dir = dir.to_path_buf();
+    config.store = StoreConfig {
+        // the key goes through the environment, not into the file
+        api_key: None,
+        ..store.clone()
+    };
     config.server.bind = addr.to_string();
     let file = dir.join("bench-serve.toml");
     std::fs::write(&file, toml::to_string(&config)?)?;
@@ -324,6 +392,9 @@ fn start_docent(config: &Config, opts: &Options, dir: &Path) -> anyhow::Result<S
         if k.to_string_lossy().starts_with("DOCENT_") {
             cmd.env_remove(k);
         }
+    }
+    if let Some(key) = &store.api_key {
+        cmd.env("DOCENT_STORE__API_KEY", key);
     }
     cmd.env("RUST_LOG", "warn");
     wait_ready(spawn(cmd, "docent serve")?, addr)

@@ -265,10 +265,140 @@ pub struct AnswerReport {
     /// Answerable questions answered with `answerable: false`.
     pub false_refusal: f64,
     pub mean_seconds: f64,
-    /// Citation precision and coverage with the model's markers only and with fallback
+    /// Mean token-level F1 of answerable questions' answers against their best gold
+    /// answer (SQuAD normalisation: lower case, no punctuation, articles or markers).
+    pub f1: f64,
+    /// Answered questions whose model text the guards found degenerate (loops, echoes,
+    /// unsupported or empty text), before the fallback replaced or trimmed it.
+    pub degenerate_before: f64,
+    /// Answered questions whose final answer is still degenerate, by an independent check
+    /// of the text: empty, a repeated sentence or piece, or the prompt's instructions.
+    pub degenerate_after: f64,
+    /// Answered questions answered extractively (fallback, or asked for).
+    pub extractive: f64,
+    /// The same figures per question type (the question's first wh-word).
+    pub by_type: BTreeMap<String, TypeRow>,
+    /// Refusal decided from the content instead of the similarity: the best score of a
+    /// retrieved sentence as an answer (share of the question's content words and cosine,
+    /// as the extractive answer scores them); the same sweep as the similarity refusal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refusal_by_content: Option<RefusalReport>,
+    /// Citation precision and coverage with the answer's own markers and with fallback
     /// attribution at several thresholds, on all answerable questions and on the second
     /// half (held out when the thresholds are chosen on the first).
     pub attribution: Vec<AttributionRow>,
+}
+
+/// Answer figures for one type of question.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TypeRow {
+    pub questions: usize,
+    pub answerable: usize,
+    pub contains_gold: f64,
+    pub f1: f64,
+    pub degenerate_before: f64,
+    pub extractive: f64,
+    pub correct_refusal: f64,
+    pub false_refusal: f64,
+}
+
+/// The type of a question: its first wh-word (`what`, `who`, `how`…), else `other`.
+pub fn question_type(question: &str) -> String {
+    const TYPES: &[&str] = &[
+        "what", "which", "who", "whom", "whose", "when", "where", "why", "how",
+    ];
+    question
+        .split(|c: char| !c.is_alphanumeric())
+        .map(str::to_lowercase)
+        .find(|w| TYPES.contains(&w.as_str()))
+        .map(|w| {
+            if w == "whom" || w == "whose" {
+                "who".to_string()
+            } else {
+                w
+            }
+        })
+        .unwrap_or_else(|| "other".into())
+}
+
+/// SQuAD's answer normalisation: lower case, punctuation, articles and citation markers
+/// removed, blanks collapsed; as tokens.
+fn answer_tokens(text: &str) -> Vec<String> {
+    let lower = text.to_lowercase();
+    let no_markers = regex::Regex::new(r"\[\d{1,3}\]")
+        .map(|re| re.replace_all(&lower, " ").to_string())
+        .unwrap_or(lower);
+    no_markers
+        .chars()
+        .map(|c| {
+            if c.is_alphanumeric() || c.is_whitespace() {
+                c
+            } else {
+                ' '
+            }
+        })
+        .collect::<String>()
+        .split_whitespace()
+        .filter(|w| !["a", "an", "the"].contains(w))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Token-level F1 of `answer` against the best of `golds` (0 with no gold answer).
+pub fn token_f1(answer: &str, golds: &[String]) -> f64 {
+    let a = answer_tokens(answer);
+    golds
+        .iter()
+        .map(|g| {
+            let g = answer_tokens(g);
+            let mut pool: HashMap<&str, usize> = HashMap::new();
+            for t in &g {
+                *pool.entry(t.as_str()).or_default() += 1;
+            }
+            let mut same = 0usize;
+            for t in &a {
+                if let Some(n) = pool.get_mut(t.as_str()).filter(|n| **n > 0) {
+                    *n -= 1;
+                    same += 1;
+                }
+            }
+            if same == 0 {
+                return 0.0;
+            }
+            let (p, r) = (same as f64 / a.len() as f64, same as f64 / g.len() as f64);
+            2.0 * p * r / (p + r)
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Why a final answer is degenerate, checked on its text alone: empty, a sentence or a
+/// piece repeated, or the prompt's instructions written back.
+pub fn degenerate_text(answer: &str) -> Option<&'static str> {
+    const ECHOES: &[&str] = &[
+        "using the context above",
+        "answer the question",
+        "cite the context",
+        "numbered context",
+        "in one or two sentences",
+    ];
+    let lower = answer.to_lowercase();
+    if answer.trim().is_empty() {
+        return Some("empty");
+    }
+    if crate::query::postprocess::guard::periodic_tail(answer).is_some() {
+        return Some("loop");
+    }
+    let mut seen = HashSet::new();
+    let mut units = crate::query::postprocess::guard::Units::default();
+    let mut all = units.push(answer);
+    all.extend(units.finish());
+    for u in all {
+        let key: String = answer_tokens(&u).join(" ");
+        if key.split(' ').count() >= 3 && !seen.insert(key) {
+            return Some("loop");
+        }
+    }
+    ECHOES.iter().any(|e| lower.contains(e)).then_some("echo")
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -313,6 +443,36 @@ pub fn contains_answer(text: &str, golds: &[String]) -> bool {
         .any(|g| !g.trim().is_empty() && text.contains(&g.trim().to_lowercase()))
 }
 
+/// The chunks the query path retrieves for `question` (configured retrieval), as hits.
+async fn hits_of(
+    engine: &crate::query::QueryEngine,
+    question: &str,
+) -> anyhow::Result<Vec<docent_ingest::store::Hit>> {
+    let search = engine
+        .search(crate::query::SearchRequest {
+            question: question.to_string(),
+            retrieval: Default::default(),
+        })
+        .await?;
+    Ok(search
+        .hits
+        .iter()
+        .map(|h| docent_ingest::store::Hit {
+            payload: docent_ingest::store::ChunkPayload {
+                document_id: h.document_id.clone(),
+                source: h.source.clone(),
+                title: h.title.clone(),
+                chunk_index: h.chunk_index,
+                page: h.page,
+                span: h.span,
+                text: h.text.clone(),
+                ..Default::default()
+            },
+            score: h.score,
+        })
+        .collect())
+}
+
 /// Answers the first `n` questions with the full query path and scores them.
 pub async fn answers(
     engine: &std::sync::Arc<crate::query::QueryEngine>,
@@ -332,6 +492,12 @@ pub async fn answers(
     // per setting (0 = the model's markers), per answerable question: (citations, good)
     let mut per_setting: Vec<Vec<(usize, usize)>> = vec![Vec::new(); ATTRIBUTION_SWEEP.len() + 1];
     let started = Instant::now();
+    // per type: (questions, answerable, gold, f1 sum, degenerate before, extractive,
+    // refused ok, refused wrongly, unanswerable)
+    let mut types: BTreeMap<String, [f64; 9]> = BTreeMap::new();
+    let mut content_scores: Vec<(f32, bool)> = Vec::new();
+    let (mut f1_sum, mut answered, mut degenerate_before, mut degenerate_after, mut extractive) =
+        (0.0f64, 0usize, 0usize, 0usize, 0usize);
     for q in &queries {
         let response = engine
             .answer(crate::query::QueryRequest {
@@ -346,13 +512,42 @@ pub async fn answers(
             .await?;
         let golds = data.answers.get(&q.id).cloned().unwrap_or_default();
         if !data.qrels.contains_key(&q.id) {
+            // content-based answerability, on the same retrieval
+            let content = engine
+                .extractive_answer(&q.text, &hits_of(engine, &q.text).await?)
+                .await?
+                .map_or(f32::MIN, |(_, score)| score);
+            content_scores.push((content, false));
+        }
+        let t = types.entry(question_type(&q.text)).or_default();
+        t[0] += 1.0;
+        if response.answerable {
+            answered += 1;
+            let before = !response.degenerate.is_empty();
+            let is_extractive = response.mode == crate::query::AnswerMode::Extractive;
+            degenerate_before += usize::from(before);
+            degenerate_after += usize::from(degenerate_text(&response.answer).is_some());
+            extractive += usize::from(is_extractive);
+            t[4] += f64::from(u8::from(before));
+            t[5] += f64::from(u8::from(is_extractive));
+        }
+        if !data.qrels.contains_key(&q.id) {
             unanswerable += 1;
+            t[8] += 1.0;
             refused_ok += usize::from(!response.answerable);
+            t[6] += f64::from(u8::from(!response.answerable));
             continue;
         }
         answerable += 1;
+        t[1] += 1.0;
         refused_wrongly += usize::from(!response.answerable);
-        gold += usize::from(contains(&response.answer, &golds));
+        t[7] += f64::from(u8::from(!response.answerable));
+        let has_gold = contains(&response.answer, &golds);
+        gold += usize::from(has_gold);
+        t[2] += f64::from(u8::from(has_gold));
+        let f1 = token_f1(&response.answer, &golds);
+        f1_sum += f1;
+        t[3] += f1;
         let mut any_good = false;
         for c in &response.citations {
             citations += 1;
@@ -368,29 +563,12 @@ pub async fn answers(
         covered += usize::from(any_good);
 
         // the same answer with fallback attribution over the same retrieved blocks
-        let search = engine
-            .search(crate::query::SearchRequest {
-                question: q.text.clone(),
-                retrieval: Default::default(),
-            })
-            .await?;
-        let hits: Vec<docent_ingest::store::Hit> = search
-            .hits
-            .iter()
-            .map(|h| docent_ingest::store::Hit {
-                payload: docent_ingest::store::ChunkPayload {
-                    document_id: h.document_id.clone(),
-                    source: h.source.clone(),
-                    title: h.title.clone(),
-                    chunk_index: h.chunk_index,
-                    page: h.page,
-                    span: h.span,
-                    text: h.text.clone(),
-                    ..Default::default()
-                },
-                score: h.score,
-            })
-            .collect();
+        let hits = hits_of(engine, &q.text).await?;
+        let content = engine
+            .extractive_answer(&q.text, &hits)
+            .await?
+            .map_or(f32::MIN, |(_, score)| score);
+        content_scores.push((content, data.qrels.contains_key(&q.id)));
         let texts: Vec<String> = hits.iter().map(|h| h.payload.text.clone()).collect();
         let good_block = |n: usize| texts.get(n - 1).is_some_and(|t| contains(t, &golds));
         let tally = |cits: &[crate::query::postprocess::Citation]| {
@@ -401,12 +579,17 @@ pub async fn answers(
         let claims = crate::query::postprocess::claims(&answer);
         let support = engine.support(&claims, &texts).await?;
         for (i, &(add_at, drop_below)) in ATTRIBUTION_SWEEP.iter().enumerate() {
-            let a = crate::query::postprocess::Attribution { add_at, drop_below };
+            let a = crate::query::postprocess::Attribution {
+                add_at,
+                drop_below,
+                unsupported_below: 0.0,
+            };
             let (_, cits) =
                 crate::query::postprocess::attribute(&answer, &claims, &support, &hits, a);
             per_setting[i + 1].push(tally(&cits));
         }
     }
+    let refusal_by_content = refusal(&content_scores, f32::MIN);
     let score = |rows: &[(usize, usize)]| {
         let cits: usize = rows.iter().map(|r| r.0).sum();
         let good: usize = rows.iter().map(|r| r.1).sum();
@@ -433,7 +616,7 @@ pub async fn answers(
             let (_, held_out_precision, held_out_coverage) = score(&rows[rows.len() / 2..]);
             AttributionRow {
                 setting: match i {
-                    0 => "model markers only".to_string(),
+                    0 => "the answer's markers".to_string(),
                     i => {
                         let (a, d) = ATTRIBUTION_SWEEP[i - 1];
                         format!("fallback add_at {a}, drop_below {d}")
@@ -459,6 +642,35 @@ pub async fn answers(
         correct_refusal: share(refused_ok, unanswerable),
         false_refusal: share(refused_wrongly, answerable),
         mean_seconds: started.elapsed().as_secs_f64() / queries.len().max(1) as f64,
+        f1: if answerable == 0 {
+            0.0
+        } else {
+            f1_sum / answerable as f64
+        },
+        degenerate_before: share(degenerate_before, answered),
+        degenerate_after: share(degenerate_after, answered),
+        extractive: share(extractive, answered),
+        refusal_by_content,
+        by_type: types
+            .into_iter()
+            .map(|(name, t)| {
+                let ratio = |a: f64, b: f64| if b == 0.0 { 0.0 } else { a / b };
+                let answered = t[0] - t[6] - t[7];
+                (
+                    name,
+                    TypeRow {
+                        questions: t[0] as usize,
+                        answerable: t[1] as usize,
+                        contains_gold: ratio(t[2], t[1]),
+                        f1: ratio(t[3], t[1]),
+                        degenerate_before: ratio(t[4], answered),
+                        extractive: ratio(t[5], answered),
+                        correct_refusal: ratio(t[6], t[8]),
+                        false_refusal: ratio(t[7], t[1]),
+                    },
+                )
+            })
+            .collect(),
         attribution,
     })
 }
@@ -767,6 +979,56 @@ impl std::fmt::Display for EvalReport {
             )?;
             writeln!(
                 f,
+                "token F1 {:.1} %; degenerate model text {:.1} % of answers (before the fallback), degenerate final answers {:.1} %; extractive answers {:.1} %",
+                100.0 * a.f1,
+                100.0 * a.degenerate_before,
+                100.0 * a.degenerate_after,
+                100.0 * a.extractive
+            )?;
+            if let Some(r) = &a.refusal_by_content {
+                writeln!(
+                    f,
+                    "refusal by content (best sentence score; {} answerable, {} unanswerable): at <= 10 % false refusals, threshold {:.3} refuses {:.1} % ({:.1} % false); at <= 1 %, {:.3} refuses {:.1} % ({:.1} % false)",
+                    r.answerable,
+                    r.unanswerable,
+                    r.best_threshold,
+                    100.0 * r.best_correct_refusal,
+                    100.0 * r.best_false_refusal,
+                    r.strict_threshold,
+                    100.0 * r.strict_correct_refusal,
+                    100.0 * r.strict_false_refusal
+                )?;
+            }
+            writeln!(
+                f,
+                "{:<8} {:>9} {:>10} {:>12} {:>6} {:>11} {:>10} {:>9} {:>9}",
+                "type",
+                "questions",
+                "answerable",
+                "contain gold",
+                "F1",
+                "degenerate",
+                "extractive",
+                "refused+",
+                "refused-"
+            )?;
+            for (name, t) in &a.by_type {
+                writeln!(
+                    f,
+                    "{:<8} {:>9} {:>10} {:>11.1}% {:>5.1}% {:>10.1}% {:>9.1}% {:>8.1}% {:>8.1}%",
+                    name,
+                    t.questions,
+                    t.answerable,
+                    100.0 * t.contains_gold,
+                    100.0 * t.f1,
+                    100.0 * t.degenerate_before,
+                    100.0 * t.extractive,
+                    100.0 * t.correct_refusal,
+                    100.0 * t.false_refusal
+                )?;
+            }
+            writeln!(
+                f,
                 "{:<38} {:>9} {:>10} {:>9} {:>18} {:>17}",
                 "citations",
                 "citations",
@@ -834,6 +1096,33 @@ mod tests {
         assert_eq!((r.recall_1, r.mrr_10), (0.5, 1.0));
         let ideal = 1.0 + 1.0 / 3f64.log2();
         assert!((r.ndcg_10 - 1.0 / ideal).abs() < 1e-12);
+    }
+
+    #[test]
+    fn answers_are_scored_by_f1_type_and_degeneration() {
+        let f1 = token_f1("The Denver Broncos [1].", &["Denver Broncos".into()]);
+        assert!((f1 - 1.0).abs() < 1e-9, "{f1}");
+        // one token of two in common each way: precision and recall 0.5
+        let f1 = token_f1("Broncos won", &["Denver Broncos".into(), "nothing".into()]);
+        assert!((f1 - 0.5).abs() < 1e-9, "{f1}");
+        assert_eq!(token_f1("anything", &[]), 0.0);
+        assert_eq!(degenerate_text("  "), Some("empty"));
+        assert_eq!(
+            degenerate_text("Using the context above, the answer is 4."),
+            Some("echo")
+        );
+        assert_eq!(
+            degenerate_text("It is big. It is red and round. It is red and round [2]. Ok"),
+            Some("loop")
+        );
+        assert_eq!(
+            degenerate_text(&"## Ownership [1]\n".repeat(4)),
+            Some("loop")
+        );
+        assert_eq!(degenerate_text("Ownership is a set of rules [1]."), None);
+        assert_eq!(question_type("In which year did it happen?"), "which");
+        assert_eq!(question_type("Whose idea was it?"), "who");
+        assert_eq!(question_type("Name the river."), "other");
     }
 
     #[test]

@@ -1,0 +1,775 @@
+//! One answer orchestration for JSON and streamed answers: admission, retrieval, refusal,
+//! cache and prompt ([`QueryEngine::prepare`]), then the model's tokens through the
+//! post-processor and the guards into events ([`QueryEngine::drive`]); a JSON answer is
+//! the same events collected.
+//!
+//! The answer is released a unit (sentence or line) at a time, each unit checked before it
+//! is shown: the degeneration guards (loops, echoes, repeated injections), the deny
+//! patterns, personal data, and support by the retrieved chunks (attribution). Nothing
+//! released is ever changed, so the `done` event's answer is exactly the streamed text.
+//! When nothing usable is left, the extractive answer is streamed instead.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tracing::info;
+
+use crate::query::generate::{Generation, GenerationStream, StreamEvent};
+use crate::query::postprocess::guard::{self, Guard, Units, Verdict};
+use crate::query::postprocess::{self, extractive, AnswerStream, Citation};
+use crate::query::prompt::{Budget, ContextBlock, Prompt};
+use crate::query::response::search_hit;
+use crate::query::safety::{ChunkVerdict, SafetyReport};
+use crate::query::{
+    AnswerMode, QueryEngine, QueryError, QueryEvent, QueryRequest, QueryResponse, SearchResponse,
+    Usage, ValidQuery,
+};
+use docent_ingest::store::Hit;
+
+/// The answer text when the safety filter withholds it.
+const WITHHELD: &str = "The safety filter withheld this answer.";
+
+impl QueryEngine {
+    /// The answer as one response: the same orchestration as [`Self::answer_stream`]
+    /// (one path for JSON and streamed answers), its events collected until `done`.
+    pub async fn answer(
+        self: &Arc<Self>,
+        request: QueryRequest,
+    ) -> Result<QueryResponse, QueryError> {
+        let mut events = self.answer_stream(request).await?;
+        while let Some(event) = events.recv().await {
+            match event {
+                QueryEvent::Done(response) => return Ok(*response),
+                QueryEvent::Error(e) => return Err(e),
+                _ => {}
+            }
+        }
+        Err(QueryError::Internal(
+            "the answer ended without a result".into(),
+        ))
+    }
+
+    /// The answer as a stream of events. Errors before the model starts (bad request, busy,
+    /// prompt too long) are returned here, so they get a plain HTTP status; later ones
+    /// arrive as an `error` event. Dropping the receiver cancels the generation.
+    pub async fn answer_stream(
+        self: &Arc<Self>,
+        request: QueryRequest,
+    ) -> Result<mpsc::Receiver<QueryEvent>, QueryError> {
+        let started = Instant::now();
+        let q = request.validate(&self.limits)?;
+        let (tx, rx) = mpsc::channel(64);
+        let engine = self.clone();
+        match self.prepare(q, started).await? {
+            Prepared::Ready(ready) => {
+                tokio::spawn(async move { engine.replay(*ready, started, tx).await });
+            }
+            Prepared::Answer(p) => {
+                let stream = match &p.prompt {
+                    Some(prompt) => Some(self.generator.stream(prompt, &p.q.params).await?),
+                    None => None,
+                };
+                tokio::spawn(async move { engine.drive(*p, stream, tx).await });
+            }
+        }
+        Ok(rx)
+    }
+
+    /// An answer made without the model (cached, refused, withheld) as the same events a
+    /// generated one has: `retrieval` (when there was one), the text, its citations, `done`
+    /// with the usage of this request.
+    async fn replay(&self, ready: Ready, started: Instant, tx: mpsc::Sender<QueryEvent>) {
+        let Ready {
+            mut response,
+            search,
+        } = ready;
+        let mut events = Vec::new();
+        if let Some(search) = search {
+            events.push(QueryEvent::Retrieval(Box::new(search)));
+        }
+        if !response.answer.is_empty() {
+            events.push(QueryEvent::Delta {
+                text: response.answer.clone(),
+            });
+        }
+        events.extend(response.citations.iter().cloned().map(QueryEvent::Citation));
+        let elapsed = started.elapsed().as_secs_f64() * 1e3;
+        response.usage.total_ms = elapsed;
+        if response.usage.ttft_ms.is_some() || response.cached {
+            response.usage.ttft_ms = Some(elapsed);
+        }
+        events.push(QueryEvent::Done(Box::new(response)));
+        for e in events {
+            if tx.send(e).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Retrieval, refusal, cache and prompt: everything before the model runs.
+    async fn prepare(&self, q: ValidQuery, started: Instant) -> Result<Prepared, QueryError> {
+        let mut safety = SafetyReport::default();
+        if self.safety.question(&q.search.question, &mut safety) {
+            let response = self.withheld(safety, Usage::default());
+            return Ok(Prepared::ready(response, None));
+        }
+        // greedy answers are a function of the request and the index: reuse them
+        let cache_key = (q.params.temperature <= 0.0 || q.mode == AnswerMode::Extractive)
+            .then(|| format!("{:?}", (&q.search, &q.params, &q.history, q.mode)));
+        let version = self
+            .index
+            .store
+            .revision()
+            .await
+            .map_err(docent_ingest::Error::from)?;
+        if let Some((hit, search)) = cache_key
+            .as_deref()
+            .and_then(|k| self.cache.get(k, version))
+        {
+            let response = QueryResponse {
+                cached: true,
+                // token counts describe the answer; the times are this request's
+                usage: Usage {
+                    retrieval_ms: 0.0,
+                    generation_ms: 0.0,
+                    ..hit.usage
+                },
+                ..hit
+            };
+            return Ok(Prepared::ready(response, search));
+        }
+
+        // admission before any work: beyond max_queue answers in flight, say when to come
+        // back (held until the answer is done; dropped with a refusal). Extractive answers
+        // do not use the model and are not queued.
+        let slot = match q.mode {
+            AnswerMode::Extractive => None,
+            _ => Some(self.slots.clone().try_acquire_owned().map_err(|_| {
+                let avg = self
+                    .generation_ms
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                QueryError::Busy {
+                    queued: self.max_queue,
+                    retry_after_s: avg.div_ceil(1000).max(1),
+                }
+            })?),
+        };
+        let mode = q.search.mode;
+        let (retrieved, scores) = self.retrieve(q.search.clone()).await?;
+        let relevant = retrieved
+            .best_dense
+            .is_some_and(|s| s >= q.search.min_score);
+        let search_of =
+            |hits: &[Hit], scores: Vec<crate::query::retrieve::Scores>| SearchResponse {
+                mode,
+                hits: hits
+                    .iter()
+                    .zip(scores)
+                    .map(|(h, scores)| search_hit(h, scores))
+                    .collect(),
+                retrieval_ms: retrieved.elapsed_ms,
+            };
+        if retrieved.hits.is_empty() || !relevant {
+            let search = search_of(&retrieved.hits, scores);
+            let response = self.refuse(&q, safety, retrieved.elapsed_ms)?;
+            return Ok(Prepared::ready(response, Some(search)));
+        }
+
+        // chunks that address the model: the instructions taken out (or the chunk dropped,
+        // or fenced as quoted data, as configured)
+        let mut hits = Vec::with_capacity(retrieved.hits.len());
+        let mut hit_scores = Vec::with_capacity(retrieved.hits.len());
+        let mut texts = Vec::with_capacity(retrieved.hits.len());
+        let mut injected = Vec::new();
+        for (mut h, sc) in retrieved.hits.iter().cloned().zip(scores) {
+            let text = match self.safety.chunk(&h.payload.text, &mut safety) {
+                ChunkVerdict::Drop => continue,
+                ChunkVerdict::Clean => h.payload.text.clone(),
+                ChunkVerdict::Quote => self.prompts.quoted(&h.payload.text)?,
+                ChunkVerdict::Neutralised { text, spans } => {
+                    injected.extend(spans);
+                    // quotes and the retrieval event show the chunk without them too
+                    h.payload.text = text;
+                    self.prompts.quoted(&h.payload.text)?
+                }
+            };
+            texts.push(text);
+            hits.push(h);
+            hit_scores.push(sc);
+        }
+        if hits.is_empty() {
+            let response = self.refuse(&q, safety, retrieved.elapsed_ms)?;
+            return Ok(Prepared::ready(response, None));
+        }
+        let (prompt, fitted_blocks, history_dropped) = match q.mode {
+            AnswerMode::Extractive => (None, hits.len(), 0),
+            _ => {
+                let blocks: Vec<ContextBlock<'_>> = hits
+                    .iter()
+                    .zip(&texts)
+                    .enumerate()
+                    .map(|(i, (h, text))| ContextBlock {
+                        n: i + 1,
+                        title: &h.payload.title,
+                        source: &h.payload.source,
+                        text,
+                    })
+                    .collect();
+                let budget = Budget {
+                    context_tokens: self.generator.context_tokens(),
+                    max_tokens: q.params.max_tokens,
+                };
+                let fitted = self.prompts.render_within(
+                    &q.search.question,
+                    &blocks,
+                    &q.history,
+                    budget,
+                    self.generator.tokens(),
+                )?;
+                (
+                    Some((fitted.prompt, fitted.prompt_tokens)),
+                    fitted.blocks,
+                    fitted.history_dropped,
+                )
+            }
+        };
+        let context_chunks_dropped = hits.len() - fitted_blocks;
+        hits.truncate(fitted_blocks);
+        hit_scores.truncate(fitted_blocks);
+        texts.truncate(fitted_blocks);
+        let (prompt, prompt_tokens) = match prompt {
+            Some((p, t)) => (Some(p), t),
+            None => (None, 0),
+        };
+        // what the model must not say back: the prompt without the context and question
+        let guard = match &prompt {
+            Some(prompt) => {
+                let mut user = prompt.user.clone();
+                for t in &texts {
+                    user = user.replace(t.as_str(), " ");
+                }
+                let user = user.replace(q.search.question.as_str(), " ");
+                Guard::new(
+                    &[prompt.system.as_str(), user.as_str()],
+                    &q.search.question,
+                    &injected,
+                )
+            }
+            None => Guard::new(&[], &q.search.question, &injected),
+        };
+
+        Ok(Prepared::Answer(Box::new(Pending {
+            search: search_of(&hits, hit_scores),
+            hits,
+            prompt,
+            prompt_tokens,
+            guard,
+            context_chunks_dropped,
+            history_turns_dropped: history_dropped,
+            q,
+            started,
+            cache_key,
+            version,
+            safety,
+            _slot: slot,
+        })))
+    }
+
+    /// Runs an answer to its `done` event: the model's tokens (when there is a model) through
+    /// the post-processor and the guards, then the extractive answer if nothing usable was
+    /// left. Stops when the client goes away (which drops the generation, and so cancels it).
+    async fn drive(
+        &self,
+        mut p: Pending,
+        stream: Option<GenerationStream>,
+        tx: mpsc::Sender<QueryEvent>,
+    ) {
+        if tx
+            .send(QueryEvent::Retrieval(Box::new(p.search.clone())))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let mut out = Released::default();
+        let generation_started = Instant::now();
+        let mut generation: Option<Generation> = None;
+        let mut deltas = 0usize;
+        if let Some(mut stream) = stream {
+            let mut post = AnswerStream::new(&p.q.params.stop);
+            let mut units = Units::default();
+            let mut ended = false;
+            loop {
+                let next = tokio::select! {
+                    _ = tx.closed() => return,
+                    next = stream.next() => next,
+                };
+                let ready = match next {
+                    None => break,
+                    Some(Err(e)) => {
+                        let _ = tx.send(QueryEvent::Error(e.into())).await;
+                        return;
+                    }
+                    Some(Ok(StreamEvent::Done(g))) => {
+                        generation = Some(g);
+                        break;
+                    }
+                    Some(Ok(StreamEvent::Delta(text))) => {
+                        deltas += 1;
+                        let step = post.push(&text, &p.hits);
+                        let mut ready = units.push(&step.text);
+                        if let Some(cut) = guard::periodic_tail(units.pending()) {
+                            // the same piece over and over: keep its first copy, stop
+                            units.truncate_pending(cut);
+                            ready.extend(units.finish());
+                            out.degenerate("loop");
+                            ended = true;
+                        } else if step.stopped {
+                            ready.extend(units.push(&post.finish_text(&p.hits)));
+                            ready.extend(units.finish());
+                            ended = true;
+                        }
+                        ready
+                    }
+                };
+                match self.release_all(&mut p, ready, &mut out, &tx).await {
+                    Ok(true) if !ended => {}
+                    Ok(_) => {
+                        ended = true;
+                        break;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(QueryEvent::Error(e)).await;
+                        return;
+                    }
+                }
+            }
+            if !ended {
+                // the model finished: what the post-processor still held back
+                let mut ready = units.push(&post.finish_text(&p.hits));
+                ready.extend(units.finish());
+                if let Err(e) = self.release_all(&mut p, ready, &mut out, &tx).await {
+                    let _ = tx.send(QueryEvent::Error(e)).await;
+                    return;
+                }
+            }
+            // a generation stopped early is cancelled here
+            drop(stream);
+        }
+        let generation_ms = generation_started.elapsed().as_secs_f64() * 1e3;
+
+        let mut mode = p.q.mode;
+        if out.text.trim().is_empty() {
+            if out.withheld {
+                mode = AnswerMode::Withheld;
+                out.send_text(WITHHELD, &tx).await;
+            } else {
+                if p.prompt.is_some() {
+                    out.degenerate("empty");
+                }
+                mode = AnswerMode::Extractive;
+                match self.extract(&p).await {
+                    Ok(Some(text)) => {
+                        // the chunks' own sentences: personal data redacted like any answer
+                        let text = self.safety.redact(&text, &mut p.safety);
+                        let (text, citations) = postprocess::cite(&text, &p.hits);
+                        let citations = self.redact_quotes(citations, &mut p.safety);
+                        out.send(text, citations, &tx).await;
+                    }
+                    Ok(None) => {
+                        mode = AnswerMode::Refusal;
+                        match self.prompts.refusal(&p.q.search.question) {
+                            Ok(text) => out.send_text(&text, &tx).await,
+                            Err(e) => {
+                                let _ = tx.send(QueryEvent::Error(e.into())).await;
+                                return;
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.send(QueryEvent::Error(e)).await;
+                        return;
+                    }
+                }
+            }
+        }
+        let (prompt_tokens, completion_tokens) = match &generation {
+            Some(g) => (g.prompt_tokens, g.completion_tokens),
+            // stopped early, or no model: the counted prompt and the tokens received
+            None => (p.prompt_tokens, deltas),
+        };
+        let response = self.finish(
+            &p,
+            out,
+            mode,
+            prompt_tokens,
+            completion_tokens,
+            generation_ms,
+        );
+        let _ = tx.send(QueryEvent::Done(Box::new(response))).await;
+    }
+
+    /// Checks and shows units in order; false when the answer must end here.
+    async fn release_all(
+        &self,
+        p: &mut Pending,
+        units: Vec<String>,
+        out: &mut Released,
+        tx: &mpsc::Sender<QueryEvent>,
+    ) -> Result<bool, QueryError> {
+        for unit in units {
+            if !self.release(p, &unit, out, tx).await? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// One unit: checked by the guards and the safety filter, attributed, then shown.
+    async fn release(
+        &self,
+        p: &mut Pending,
+        unit: &str,
+        out: &mut Released,
+        tx: &mpsc::Sender<QueryEvent>,
+    ) -> Result<bool, QueryError> {
+        // the blanks around a unit stay as they are; the checks see its text
+        let core = unit.trim();
+        if core.is_empty() {
+            if !out.text.is_empty() {
+                out.pending_blank.push_str(unit);
+            }
+            return Ok(true);
+        }
+        let lead = &unit[..unit.len() - unit.trim_start().len()];
+        let trail = &unit[unit.trim_end().len()..];
+        match p.guard.check(core) {
+            Verdict::Loop => {
+                out.degenerate("loop");
+                return Ok(false);
+            }
+            Verdict::Echo => {
+                out.degenerate("echo");
+                return Ok(true);
+            }
+            Verdict::Injection => {
+                p.safety.reason("prompt_injection:answer");
+                let text = format!("{lead}{}{trail}", guard::INJECTION_PLACEHOLDER);
+                out.send(text, vec![], tx).await;
+                return Ok(true);
+            }
+            Verdict::Keep => {}
+        }
+        let mut check = p.safety.clone();
+        let system = p.prompt.as_ref().map_or("", |pr| pr.system.as_str());
+        if self.safety.withhold(core, system, &mut check) {
+            // a denied pattern or an echo of the system prompt is never shown; the answer
+            // ends before it (withheld as a whole when nothing was shown)
+            check.blocked = out.text.is_empty();
+            out.withheld = check.blocked;
+            p.safety = check;
+            return Ok(false);
+        }
+        let text = self.safety.redact(core, &mut p.safety);
+        let (text, citations, supported) = self.attribute_unit(p, &text, out).await?;
+        if !supported {
+            out.degenerate("unsupported");
+            return Ok(true);
+        }
+        let citations = self.redact_quotes(citations, &mut p.safety);
+        out.send(format!("{lead}{text}{trail}"), citations, tx)
+            .await;
+        Ok(true)
+    }
+
+    /// Citations of one unit, with the fallback attribution when on: markers added where a
+    /// chunk supports an unmarked sentence, dropped where their chunk does not support it.
+    /// `supported` is false when no chunk supports any of its sentences (with two content
+    /// words or more).
+    async fn attribute_unit(
+        &self,
+        p: &Pending,
+        text: &str,
+        out: &mut Released,
+    ) -> Result<(String, Vec<Citation>, bool), QueryError> {
+        let Some(a) = self.limits.attribution else {
+            let (text, citations) = postprocess::cite(text, &p.hits);
+            return Ok((text, citations, true));
+        };
+        let claims = postprocess::claims(text);
+        if out.block_vectors.is_none() {
+            let blocks: Vec<String> = p.hits.iter().map(|h| h.payload.text.clone()).collect();
+            out.block_vectors = Some(self.embed_texts(blocks).await?);
+        }
+        let block_vectors = out.block_vectors.as_deref().unwrap_or_default();
+        let claim_vectors = self
+            .embed_texts(claims.iter().map(|c| c.text.clone()).collect())
+            .await?;
+        let blocks: Vec<&str> = p.hits.iter().map(|h| h.payload.text.as_str()).collect();
+        let support = postprocess::support_matrix(&claims, &claim_vectors, &blocks, block_vectors);
+        let supported = claims.iter().zip(&support).all(|(c, row)| {
+            postprocess::content_word_count(&c.text) < 2
+                || row.iter().any(|&s| s >= a.unsupported_below)
+        }) || claims.is_empty();
+        let (text, citations) = postprocess::attribute(text, &claims, &support, &p.hits, a);
+        Ok((text, citations, supported))
+    }
+
+    /// Citations with personal data redacted in their quotes.
+    fn redact_quotes(&self, citations: Vec<Citation>, report: &mut SafetyReport) -> Vec<Citation> {
+        citations
+            .into_iter()
+            .map(|mut c| {
+                c.quote = self.safety.redact(&c.quote, report);
+                c
+            })
+            .collect()
+    }
+
+    /// The extractive answer for the prompt's chunks (see [`Self::extractive_answer`]).
+    async fn extract(&self, p: &Pending) -> Result<Option<String>, QueryError> {
+        Ok(self
+            .extractive_answer(&p.q.search.question, &p.hits)
+            .await?
+            .map(|(text, _)| text))
+    }
+
+    /// The extractive answer: the chunks' sentences that best answer the question, by the
+    /// mean of their share of the question's content words and their embedding's cosine
+    /// with the question's; with the best sentence's score (how well the chunks answer the
+    /// question, by their content).
+    pub async fn extractive_answer(
+        &self,
+        question: &str,
+        hits: &[Hit],
+    ) -> Result<Option<(String, f32)>, QueryError> {
+        let blocks: Vec<&str> = hits.iter().map(|h| h.payload.text.as_str()).collect();
+        let mut candidates = extractive::candidates(&blocks);
+        candidates.truncate(MAX_EXTRACTIVE_CANDIDATES);
+        if candidates.is_empty() {
+            return Ok(None);
+        }
+        let texts: Vec<String> = std::iter::once(question.to_string())
+            .chain(candidates.iter().map(|c| c.text.clone()))
+            .collect();
+        let vectors = self.embed_texts(texts).await?;
+        let (q, sentences) = vectors.split_at(1);
+        let scores: Vec<f32> = candidates
+            .iter()
+            .zip(sentences)
+            .map(|(c, v)| {
+                (extractive::overlap(question, &c.text) + postprocess::cosine(&q[0], v)) / 2.0
+            })
+            .collect();
+        let best = scores.iter().copied().fold(f32::MIN, f32::max);
+        Ok(extractive::compose(&candidates, &scores).map(|text| (text, best)))
+    }
+
+    /// The response for a finished answer; cached when greedy.
+    fn finish(
+        &self,
+        p: &Pending,
+        out: Released,
+        mode: AnswerMode,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+        generation_ms: f64,
+    ) -> QueryResponse {
+        let generated = p.prompt.is_some();
+        if generated {
+            let avg = self
+                .generation_ms
+                .load(std::sync::atomic::Ordering::Relaxed);
+            self.generation_ms.store(
+                (avg * 3 + generation_ms as u64) / 4,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
+        let usage = Usage {
+            prompt_tokens,
+            completion_tokens,
+            retrieval_ms: p.search.retrieval_ms,
+            generation_ms: if generated { generation_ms } else { 0.0 },
+            total_ms: p.started.elapsed().as_secs_f64() * 1e3,
+            ttft_ms: out
+                .first_at
+                .map(|t| t.duration_since(p.started).as_secs_f64() * 1e3),
+            tokens_per_second: (generated && generation_ms > 0.0)
+                .then(|| completion_tokens as f64 / (generation_ms / 1e3)),
+            context_chunks_dropped: p.context_chunks_dropped,
+            history_turns_dropped: p.history_turns_dropped,
+        };
+        info!(
+            top_k = p.q.search.top_k,
+            citations = out.citations.len(),
+            prompt_tokens = usage.prompt_tokens,
+            completion_tokens = usage.completion_tokens,
+            total_ms = usage.total_ms,
+            mode = ?mode,
+            degenerate = ?out.degenerate,
+            stream = p.q.stream,
+            "answered"
+        );
+        self.count(&p.safety);
+        let response = QueryResponse {
+            answer: out.text,
+            citations: out.citations,
+            answerable: matches!(mode, AnswerMode::Generative | AnswerMode::Extractive),
+            mode,
+            degenerate: out.degenerate,
+            cached: false,
+            usage,
+            safety: p.safety.clone(),
+        };
+        if let Some(key) = &p.cache_key {
+            self.cache.put(
+                key.clone(),
+                p.version,
+                response.clone(),
+                Some(p.search.clone()),
+            );
+        }
+        response
+    }
+
+    /// The refusal: nothing relevant (or nothing safe) was retrieved; the model is not asked.
+    fn refuse(
+        &self,
+        q: &ValidQuery,
+        safety: SafetyReport,
+        retrieval_ms: f64,
+    ) -> Result<QueryResponse, QueryError> {
+        self.count(&safety);
+        Ok(QueryResponse {
+            answer: self.prompts.refusal(&q.search.question)?,
+            citations: vec![],
+            answerable: false,
+            mode: AnswerMode::Refusal,
+            degenerate: vec![],
+            cached: false,
+            usage: Usage {
+                retrieval_ms,
+                ..Usage::default()
+            },
+            safety,
+        })
+    }
+
+    /// The answer when the filter withholds it.
+    fn withheld(&self, report: SafetyReport, usage: Usage) -> QueryResponse {
+        self.count(&report);
+        QueryResponse {
+            answer: WITHHELD.into(),
+            citations: vec![],
+            answerable: false,
+            mode: AnswerMode::Withheld,
+            degenerate: vec![],
+            cached: false,
+            usage,
+            safety: report,
+        }
+    }
+}
+
+/// Sentences scored for an extractive answer, at most (the first ones, in prompt order).
+const MAX_EXTRACTIVE_CANDIDATES: usize = 64;
+
+/// What the client was shown so far: the answer is this text, nothing else.
+#[derive(Default)]
+struct Released {
+    text: String,
+    citations: Vec<Citation>,
+    cited: HashSet<usize>,
+    /// When the first text was sent.
+    first_at: Option<Instant>,
+    degenerate: Vec<String>,
+    /// Blanks between units, sent with the next unit shown (never at the end).
+    pending_blank: String,
+    /// The answer was withheld before anything was shown.
+    withheld: bool,
+    /// Embeddings of the context blocks, computed for the first unit attributed.
+    block_vectors: Option<Vec<Vec<f32>>>,
+}
+
+impl Released {
+    fn degenerate(&mut self, reason: &str) {
+        if !self.degenerate.iter().any(|r| r == reason) {
+            self.degenerate.push(reason.to_string());
+        }
+    }
+
+    /// Shows `text` (after the blanks held back) and the citations not shown yet.
+    async fn send(
+        &mut self,
+        text: String,
+        citations: Vec<Citation>,
+        tx: &mpsc::Sender<QueryEvent>,
+    ) {
+        let mut text = std::mem::take(&mut self.pending_blank) + &text;
+        if self.text.is_empty() {
+            text = text.trim_start().to_string();
+        }
+        // trailing blanks wait for the next unit: the answer never ends in them
+        let body = text.trim_end().len();
+        self.pending_blank = text[body..].to_string();
+        text.truncate(body);
+        if !text.is_empty() {
+            self.first_at.get_or_insert_with(Instant::now);
+            self.text.push_str(&text);
+            let _ = tx.send(QueryEvent::Delta { text }).await;
+        }
+        for c in citations {
+            if self.cited.insert(c.n) {
+                self.citations.push(c.clone());
+                let _ = tx.send(QueryEvent::Citation(c)).await;
+            }
+        }
+    }
+
+    async fn send_text(&mut self, text: &str, tx: &mpsc::Sender<QueryEvent>) {
+        self.send(text.to_string(), vec![], tx).await;
+    }
+}
+
+/// What `prepare` found: an answer without the model, or one to make.
+enum Prepared {
+    Ready(Box<Ready>),
+    Answer(Box<Pending>),
+}
+
+impl Prepared {
+    fn ready(response: QueryResponse, search: Option<SearchResponse>) -> Self {
+        Prepared::Ready(Box::new(Ready { response, search }))
+    }
+}
+
+/// An answer made without running anything more: cached, refused or withheld.
+struct Ready {
+    response: QueryResponse,
+    /// The retrieval, when there was one.
+    search: Option<SearchResponse>,
+}
+
+/// An answer about to be made.
+struct Pending {
+    q: ValidQuery,
+    /// The chunks in the prompt, in block order (instructions taken out).
+    hits: Vec<Hit>,
+    /// The same, as the `retrieval` event shows them.
+    search: SearchResponse,
+    /// The model's prompt; `None` for an extractive answer.
+    prompt: Option<Prompt>,
+    prompt_tokens: usize,
+    guard: Guard,
+    context_chunks_dropped: usize,
+    history_turns_dropped: usize,
+    started: Instant,
+    cache_key: Option<String>,
+    version: u64,
+    /// What the safety filter found and did.
+    safety: SafetyReport,
+    /// The place in the bounded queue, held until the answer is done.
+    _slot: Option<OwnedSemaphorePermit>,
+}

@@ -1,0 +1,305 @@
+//! What a client asks: the `/v1/query` and `/v1/search` bodies, the limits they are checked
+//! against, and the checked forms the rest of the query path takes.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::query::generate::Params;
+use crate::query::postprocess;
+use crate::query::postprocess::stop::DEFAULT_STOPS;
+use crate::query::prompt::Turn;
+use crate::query::retrieve::MAX_NEIGHBORS;
+use crate::query::{AnswerMode, QueryError};
+use docent_ingest::store::{SearchFilter, SearchMode};
+
+/// `POST /v1/query` body.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueryRequest {
+    pub question: String,
+    #[serde(default)]
+    pub retrieval: RetrievalOptions,
+    #[serde(default)]
+    pub generation: GenerationOptions,
+    /// Answer as Server-Sent Events (`retrieval`, `delta`, `citation`, `done`, `error`).
+    #[serde(default)]
+    pub stream: bool,
+    /// Earlier turns of the conversation, oldest first; the oldest are left out when the
+    /// model's context is full.
+    #[serde(default)]
+    pub history: Vec<Turn>,
+    /// `generative` (default: the model writes the answer) or `extractive` (the retrieved
+    /// chunks' best sentences, quoted and cited, without the model: fast).
+    #[serde(default)]
+    pub mode: Option<AnswerMode>,
+}
+
+/// Most earlier turns a request may send.
+pub const MAX_HISTORY: usize = 64;
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrievalOptions {
+    pub top_k: Option<usize>,
+    /// `dense`, `sparse` or `hybrid` (default: `retrieval.mode`).
+    pub mode: Option<SearchMode>,
+    /// Refuse when the best chunk's cosine similarity is below (default:
+    /// `retrieval.min_score`).
+    pub min_score: Option<f32>,
+    /// Restricts retrieval to a collection, tags (any of) or documents.
+    #[serde(default)]
+    pub filter: SearchFilter,
+    /// Chunks before and after each hit joined into its text (default:
+    /// `retrieval.neighbors`).
+    pub neighbors: Option<usize>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenerationOptions {
+    pub max_tokens: Option<usize>,
+    pub temperature: Option<f64>,
+    /// Nucleus sampling mass, (0, 1]; 1 = off. Only with temperature > 0.
+    pub top_p: Option<f64>,
+    /// Sample among the k most likely tokens; 0 = off. Only with temperature > 0.
+    pub top_k: Option<usize>,
+    pub repetition_penalty: Option<f32>,
+    /// More strings that end the answer (besides the template's); never part of it.
+    #[serde(default)]
+    pub stop: Vec<String>,
+    /// Not supported: mistral.rs 0.8.1 seeds one random generator per engine (shared by
+    /// all requests), so a per-request seed cannot be honoured; refused with 422.
+    pub seed: Option<u64>,
+}
+
+/// Most extra stop sequences a request may give, and their longest length in bytes.
+pub const MAX_STOPS: usize = 8;
+pub const MAX_STOP_BYTES: usize = 64;
+
+/// A request with every option resolved against the configuration and checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidQuery {
+    pub search: ValidSearch,
+    /// Generative or extractive.
+    pub mode: AnswerMode,
+    pub params: Params,
+    pub history: Vec<Turn>,
+    pub stream: bool,
+}
+
+/// Limits a request is checked against.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub default_mode: SearchMode,
+    /// Refuse without the model when the best chunk's cosine similarity is below this.
+    pub min_score: f32,
+    pub default_top_k: usize,
+    pub max_top_k: usize,
+    pub default_neighbors: usize,
+    pub default_max_tokens: usize,
+    pub max_tokens: usize,
+    pub default_temperature: f64,
+    pub default_top_p: f64,
+    pub default_top_k_tokens: usize,
+    pub default_repetition_penalty: f32,
+    pub max_question_chars: usize,
+    /// Keep-alive interval of streamed answers (the SSE layer sends the comments).
+    pub keep_alive: Duration,
+    /// Speculative decoding is on: mistral.rs decodes it greedily whatever the sampling
+    /// settings, so sampled requests are refused rather than silently answered greedily.
+    pub greedy_only: bool,
+    /// Fallback attribution of unmarked sentences (`[citations]`), when on.
+    pub attribution: Option<postprocess::Attribution>,
+}
+
+/// `POST /v1/search` body: retrieval only, with the same options as `/v1/query`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchRequest {
+    pub question: String,
+    #[serde(default)]
+    pub retrieval: RetrievalOptions,
+}
+
+/// A search request with its options resolved and checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidSearch {
+    pub question: String,
+    pub top_k: usize,
+    pub mode: SearchMode,
+    pub min_score: f32,
+    pub filter: SearchFilter,
+    pub neighbors: usize,
+}
+
+impl SearchRequest {
+    /// The checks `/v1/query` applies to its question and retrieval options.
+    pub fn validate(self, limits: &Limits) -> Result<ValidSearch, QueryError> {
+        let invalid = |field, message: String| Err(QueryError::Invalid { field, message });
+        let question = self.question.trim().to_string();
+        if question.is_empty() {
+            return invalid("question", "must not be empty".into());
+        }
+        let chars = question.chars().count();
+        if chars > limits.max_question_chars {
+            return invalid(
+                "question",
+                format!(
+                    "is {chars} characters long; the limit is {}",
+                    limits.max_question_chars
+                ),
+            );
+        }
+        let top_k = self.retrieval.top_k.unwrap_or(limits.default_top_k);
+        if top_k == 0 || top_k > limits.max_top_k {
+            return invalid(
+                "retrieval.top_k",
+                format!("must be between 1 and {}, got {top_k}", limits.max_top_k),
+            );
+        }
+        let min_score = self.retrieval.min_score.unwrap_or(limits.min_score);
+        if !(-1.0..=1.0).contains(&min_score) {
+            return invalid(
+                "retrieval.min_score",
+                format!("must be a cosine similarity between -1 and 1, got {min_score}"),
+            );
+        }
+        let neighbors = self.retrieval.neighbors.unwrap_or(limits.default_neighbors);
+        if neighbors > MAX_NEIGHBORS {
+            return invalid(
+                "retrieval.neighbors",
+                format!("must be at most {MAX_NEIGHBORS}, got {neighbors}"),
+            );
+        }
+        Ok(ValidSearch {
+            question,
+            top_k,
+            min_score,
+            mode: self.retrieval.mode.unwrap_or(limits.default_mode),
+            filter: self.retrieval.filter,
+            neighbors,
+        })
+    }
+}
+
+impl QueryRequest {
+    pub fn validate(self, limits: &Limits) -> Result<ValidQuery, QueryError> {
+        let invalid = |field, message: String| Err(QueryError::Invalid { field, message });
+        let search = SearchRequest {
+            question: self.question,
+            retrieval: self.retrieval,
+        }
+        .validate(limits)?;
+        if self.history.len() > MAX_HISTORY {
+            return invalid(
+                "history",
+                format!("at most {MAX_HISTORY} turns, got {}", self.history.len()),
+            );
+        }
+        if let Some(i) = self
+            .history
+            .iter()
+            .position(|t| t.content.trim().is_empty())
+        {
+            return invalid("history", format!("turn {i} has no content"));
+        }
+        let max_tokens = self
+            .generation
+            .max_tokens
+            .unwrap_or(limits.default_max_tokens);
+        if max_tokens == 0 || max_tokens > limits.max_tokens {
+            return invalid(
+                "generation.max_tokens",
+                format!(
+                    "must be between 1 and {}, got {max_tokens}",
+                    limits.max_tokens
+                ),
+            );
+        }
+        let temperature = self
+            .generation
+            .temperature
+            .unwrap_or(limits.default_temperature);
+        if !(0.0..=2.0).contains(&temperature) {
+            return invalid(
+                "generation.temperature",
+                format!("must be between 0 and 2, got {temperature}"),
+            );
+        }
+        if temperature > 0.0 && limits.greedy_only {
+            return invalid(
+                "generation.temperature",
+                format!("this server decodes speculatively (generation.draft), which mistral.rs does greedily only; send temperature 0, got {temperature}"),
+            );
+        }
+        let repetition_penalty = self
+            .generation
+            .repetition_penalty
+            .unwrap_or(limits.default_repetition_penalty);
+        if !(0.5..=2.0).contains(&repetition_penalty) {
+            return invalid(
+                "generation.repetition_penalty",
+                format!("must be between 0.5 and 2, got {repetition_penalty}"),
+            );
+        }
+        let g = &self.generation;
+        let top_p = g.top_p.unwrap_or(limits.default_top_p);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return invalid(
+                "generation.top_p",
+                format!("must be in (0, 1], got {top_p}"),
+            );
+        }
+        let top_k = g.top_k.unwrap_or(limits.default_top_k_tokens);
+        if g.seed.is_some() {
+            return invalid(
+                "generation.seed",
+                "per-request seeds are not supported: the engine (mistral.rs 0.8.1) seeds one random generator shared by all requests; use temperature 0 for reproducible answers".into(),
+            );
+        }
+        if g.stop.len() > MAX_STOPS {
+            return invalid(
+                "generation.stop",
+                format!("at most {MAX_STOPS} sequences, got {}", g.stop.len()),
+            );
+        }
+        if let Some(bad) = g
+            .stop
+            .iter()
+            .find(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
+        {
+            return invalid(
+                "generation.stop",
+                format!("each sequence must be 1 to {MAX_STOP_BYTES} bytes long, got {bad:?}"),
+            );
+        }
+        let mut stop: Vec<String> = DEFAULT_STOPS.iter().map(|s| s.to_string()).collect();
+        for s in &g.stop {
+            if !stop.contains(s) {
+                stop.push(s.clone());
+            }
+        }
+        let mode = self.mode.unwrap_or_default();
+        if !matches!(mode, AnswerMode::Generative | AnswerMode::Extractive) {
+            return invalid(
+                "mode",
+                format!("must be \"generative\" or \"extractive\", got {mode:?}"),
+            );
+        }
+        Ok(ValidQuery {
+            search,
+            mode,
+            params: Params {
+                max_tokens,
+                temperature,
+                top_p,
+                top_k,
+                repetition_penalty,
+                stop,
+            },
+            history: self.history,
+            stream: self.stream,
+        })
+    }
+}
