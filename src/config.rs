@@ -352,6 +352,7 @@ impl Default for Config {
                 prefill_chunk_tokens: default_prefill_chunk(),
                 max_queue: default_max_queue(),
                 cache_size: crate::query::generate::default_cache_size(),
+                answer_mode: crate::query::AnswerMode::Generative,
             },
             prompts: PromptsConfig {
                 dir: "prompts".into(),
@@ -381,6 +382,7 @@ impl Config {
             default_repetition_penalty: c.generation.repetition_penalty,
             max_question_chars: c.server.max_question_chars,
             keep_alive: std::time::Duration::from_millis(c.server.keep_alive_ms.max(1)),
+            default_answer_mode: c.generation.answer_mode,
             greedy_only: c.generation.draft.is_some(),
             attribution: c
                 .citations
@@ -511,6 +513,18 @@ impl Config {
             return invalid(
                 "generation.device",
                 format!("must be cpu or auto, got {:?}", self.generation.device),
+            );
+        }
+        if !matches!(
+            self.generation.answer_mode,
+            crate::query::AnswerMode::Generative | crate::query::AnswerMode::Extractive
+        ) {
+            return invalid(
+                "generation.answer_mode",
+                format!(
+                    "must be generative or extractive, got {:?}",
+                    self.generation.answer_mode
+                ),
             );
         }
         if !(0.0..=2.0).contains(&self.generation.temperature) {

@@ -90,6 +90,9 @@ enum Command {
         /// Also answer the first N questions with the LLM and score the answers.
         #[arg(long)]
         answers: Option<usize>,
+        /// How `--answers` are made: generative (the model) or extractive (quoted sentences).
+        #[arg(long, default_value = "generative")]
+        answer_mode: String,
         /// Print one JSON object keyed by mode instead of the table.
         #[arg(long)]
         json: bool,
@@ -351,8 +354,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             limit,
             model_dir,
             answers,
+            answer_mode,
             json,
         } => {
+            let answer_mode = match answer_mode.as_str() {
+                "generative" => docent::query::AnswerMode::Generative,
+                "extractive" => docent::query::AnswerMode::Extractive,
+                other => anyhow::bail!("--answer-mode {other:?}: use generative or extractive"),
+            };
             if let Some(d) = model_dir {
                 config.embedding.model_dir = d;
             }
@@ -376,12 +385,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             .await??;
             let mut report = evaluated.report;
             if let Some(n) = answers.filter(|&n| n > 0) {
-                // the model's own markers; the eval applies the fallback itself to compare
-                let mut config = evaluated.config.clone();
-                config.citations.fallback = false;
+                // the configured answer path, attribution and guards included (the sweep
+                // re-attributes the answers it gave)
+                let config = evaluated.config.clone();
                 let engine =
                     Arc::new(startup::query_engine(&config, evaluated.index.clone()).await?);
-                report.answers = Some(docent::tools::eval::answers(&engine, &data, n).await?);
+                report.answers =
+                    Some(docent::tools::eval::answers(&engine, &data, n, answer_mode).await?);
             }
             print_report(&report, json)
         }

@@ -612,6 +612,7 @@ impl QueryEngine {
             stream = p.q.stream,
             "answered"
         );
+        tracing::debug!(answer = %out.text, "answer text");
         self.count(&p.safety);
         let response = QueryResponse {
             answer: out.text,

@@ -160,6 +160,10 @@ pub struct GenerationConfig {
     /// generation parameters, unchanged index); 0 = no cache.
     #[serde(default = "default_cache_size")]
     pub cache_size: usize,
+    /// How answers are made when the request does not say: `generative` (the model) or
+    /// `extractive` (the retrieved chunks' best sentences, quoted and cited, no model).
+    #[serde(default)]
+    pub answer_mode: crate::query::AnswerMode,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

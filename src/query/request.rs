@@ -109,6 +109,8 @@ pub struct Limits {
     /// Speculative decoding is on: mistral.rs decodes it greedily whatever the sampling
     /// settings, so sampled requests are refused rather than silently answered greedily.
     pub greedy_only: bool,
+    /// How an answer is made when the request does not say.
+    pub default_answer_mode: AnswerMode,
     /// Fallback attribution of unmarked sentences (`[citations]`), when on.
     pub attribution: Option<postprocess::Attribution>,
 }
@@ -280,7 +282,7 @@ impl QueryRequest {
                 stop.push(s.clone());
             }
         }
-        let mode = self.mode.unwrap_or_default();
+        let mode = self.mode.unwrap_or(limits.default_answer_mode);
         if !matches!(mode, AnswerMode::Generative | AnswerMode::Extractive) {
             return invalid(
                 "mode",

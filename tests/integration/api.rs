@@ -2,7 +2,7 @@
 
 use serde_json::{json, Value};
 
-use crate::helpers::{app, client, get_json, own_server, INSTALLATION, OWNERSHIP};
+use crate::helpers::{app, client, get_json, own_server, post_json, INSTALLATION, OWNERSHIP};
 
 #[tokio::test]
 async fn answers_with_a_citation_of_the_document_that_holds_the_answer() {
@@ -672,4 +672,76 @@ async fn repeated_questions_are_answered_from_the_cache_until_the_index_changes(
     assert_eq!(done["status"], "done", "{done}");
     let after = ask(q).await;
     assert_eq!(after["cached"], false, "{after}");
+}
+
+/// `mode: extractive` answers without the model: the chunks' own sentences, cited, in
+/// milliseconds; `generation.answer_mode` makes it the default; other modes are refused.
+#[tokio::test]
+async fn extractive_answers_quote_the_chunks_without_the_model() {
+    let (_dir, address) = own_server(|c| {
+        c.generation.cache_size = 0;
+        c.generation.answer_mode = docent::query::AnswerMode::Extractive;
+    });
+    let c = client();
+    let url = format!("{address}/v1/query");
+    let body = post_json(&c, &url, &json!({"question": "What is ownership in Rust?"})).await;
+    assert_eq!(body["mode"], "extractive", "{body}");
+    assert_eq!(body["answerable"], true);
+    assert_eq!(body["usage"]["completion_tokens"], 0, "{body}");
+    assert_eq!(body["usage"]["generation_ms"], 0.0);
+    let citations = body["citations"].as_array().unwrap();
+    assert!(!citations.is_empty(), "{body}");
+    // every sentence of the answer is a chunk's sentence (markers aside), and its marker
+    // points at the chunk it came from
+    let search = post_json(
+        &c,
+        &format!("{address}/v1/search"),
+        &json!({"question": "What is ownership in Rust?"}),
+    )
+    .await;
+    let chunks: Vec<String> = search["hits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            h["text"]
+                .as_str()
+                .unwrap()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    let answer = body["answer"].as_str().unwrap();
+    let marker = regex::Regex::new(r" \[(\d+)\]").unwrap();
+    for sentence in answer.split_inclusive(['.', '!', '?']) {
+        let Some(m) = marker.captures(sentence) else {
+            continue;
+        };
+        let n: usize = m[1].parse().unwrap();
+        let plain = marker.replace_all(sentence.trim(), "");
+        let plain = plain.trim_end_matches(['.', '!', '?']);
+        assert!(
+            chunks[n - 1].contains(plain),
+            "{plain:?} is not in chunk {n}: {}",
+            chunks[n - 1]
+        );
+    }
+    // the request overrides the configured default, and only two modes can be asked for
+    let generated = post_json(
+        &c,
+        &url,
+        &json!({"question": "What is ownership in Rust?", "mode": "generative",
+                "generation": {"max_tokens": 8}}),
+    )
+    .await;
+    assert_eq!(generated["mode"], "generative", "{generated}");
+    assert!(generated["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+    expect_error(
+        c.post(&url)
+            .json(&json!({"question": "What is ownership in Rust?", "mode": "refusal"})),
+        422,
+        "invalid_request",
+    )
+    .await;
 }

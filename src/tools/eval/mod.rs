@@ -478,6 +478,7 @@ pub async fn answers(
     engine: &std::sync::Arc<crate::query::QueryEngine>,
     data: &Dataset,
     n: usize,
+    mode: crate::query::AnswerMode,
 ) -> anyhow::Result<AnswerReport> {
     let contains = contains_answer;
     let queries: Vec<&QueryLine> = data
@@ -507,6 +508,7 @@ pub async fn answers(
                     temperature: Some(0.0),
                     ..Default::default()
                 },
+                mode: Some(mode),
                 ..Default::default()
             })
             .await?;
@@ -616,7 +618,7 @@ pub async fn answers(
             let (_, held_out_precision, held_out_coverage) = score(&rows[rows.len() / 2..]);
             AttributionRow {
                 setting: match i {
-                    0 => "the answer's markers".to_string(),
+                    0 => "as answered (configured attribution)".to_string(),
                     i => {
                         let (a, d) = ATTRIBUTION_SWEEP[i - 1];
                         format!("fallback add_at {a}, drop_below {d}")
