@@ -203,6 +203,18 @@ impl QueryEngine {
             let response = self.refuse(&q, safety, retrieved.elapsed_ms)?;
             return Ok(Prepared::ready(response, None));
         }
+        // refusal by content: no retrieved sentence answers the question well enough
+        if self.limits.min_support > 0.0 {
+            let best = self
+                .extractive_answer(&q.search.question, &hits)
+                .await?
+                .map_or(0.0, |(_, score)| score);
+            if best < self.limits.min_support {
+                let search = search_of(&hits, hit_scores);
+                let response = self.refuse(&q, safety, retrieved.elapsed_ms)?;
+                return Ok(Prepared::ready(response, Some(search)));
+            }
+        }
         let (prompt, fitted_blocks, history_dropped) = match q.mode {
             AnswerMode::Extractive => (None, hits.len(), 0),
             _ => {

@@ -94,6 +94,8 @@ pub struct Limits {
     pub default_mode: SearchMode,
     /// Refuse without the model when the best chunk's cosine similarity is below this.
     pub min_score: f32,
+    /// Refuse when the best retrieved sentence scores below this as an answer; 0 = off.
+    pub min_support: f32,
     pub default_top_k: usize,
     pub max_top_k: usize,
     pub default_neighbors: usize,

@@ -745,3 +745,35 @@ async fn extractive_answers_quote_the_chunks_without_the_model() {
     )
     .await;
 }
+
+/// `retrieval.min_support` refuses by content: when no retrieved sentence scores high
+/// enough as an answer, the refusal template answers, without the model.
+#[tokio::test]
+async fn refusal_by_content_uses_the_best_sentence_score() {
+    let c = client();
+    let ask = |address: String| {
+        let c = c.clone();
+        async move {
+            post_json(
+                &c,
+                &format!("{address}/v1/query"),
+                &json!({"question": "What is ownership in Rust?", "mode": "extractive"}),
+            )
+            .await
+        }
+    };
+    let (_dir, strict) = own_server(|c| {
+        c.generation.cache_size = 0;
+        c.retrieval.min_support = 0.99;
+    });
+    let refused = ask(strict).await;
+    assert_eq!(refused["mode"], "refusal", "{refused}");
+    assert_eq!(refused["answerable"], false);
+    let (_dir2, lenient) = own_server(|c| {
+        c.generation.cache_size = 0;
+        c.retrieval.min_support = 0.2;
+    });
+    let answered = ask(lenient).await;
+    assert_eq!(answered["mode"], "extractive", "{answered}");
+    assert_eq!(answered["answerable"], true);
+}
