@@ -161,6 +161,7 @@ impl QueryEngine {
         let relevant = retrieved
             .best_dense
             .is_some_and(|s| s >= q.search.min_score);
+        let retrieval_ms = retrieved.elapsed_ms;
         let search_of =
             |hits: &[Hit], scores: Vec<crate::query::retrieve::Scores>| SearchResponse {
                 mode,
@@ -169,11 +170,11 @@ impl QueryEngine {
                     .zip(scores)
                     .map(|(h, scores)| search_hit(h, scores))
                     .collect(),
-                retrieval_ms: retrieved.elapsed_ms,
+                retrieval_ms,
             };
         if retrieved.hits.is_empty() || !relevant {
             let search = search_of(&retrieved.hits, scores);
-            let response = self.refuse(&q, safety, retrieved.elapsed_ms)?;
+            let response = self.refuse(&q, safety, retrieval_ms)?;
             return Ok(Prepared::ready(response, Some(search)));
         }
 
@@ -183,7 +184,7 @@ impl QueryEngine {
         let mut hit_scores = Vec::with_capacity(retrieved.hits.len());
         let mut texts = Vec::with_capacity(retrieved.hits.len());
         let mut injected = Vec::new();
-        for (mut h, sc) in retrieved.hits.iter().cloned().zip(scores) {
+        for (mut h, sc) in retrieved.hits.into_iter().zip(scores) {
             let text = match self.safety.chunk(&h.payload.text, &mut safety) {
                 ChunkVerdict::Drop => continue,
                 ChunkVerdict::Clean => h.payload.text.clone(),
@@ -200,7 +201,7 @@ impl QueryEngine {
             hit_scores.push(sc);
         }
         if hits.is_empty() {
-            let response = self.refuse(&q, safety, retrieved.elapsed_ms)?;
+            let response = self.refuse(&q, safety, retrieval_ms)?;
             return Ok(Prepared::ready(response, None));
         }
         // refusal by content: no retrieved sentence answers the question well enough
@@ -211,7 +212,7 @@ impl QueryEngine {
                 .map_or(0.0, |(_, score)| score);
             if best < self.limits.min_support {
                 let search = search_of(&hits, hit_scores);
-                let response = self.refuse(&q, safety, retrieved.elapsed_ms)?;
+                let response = self.refuse(&q, safety, retrieval_ms)?;
                 return Ok(Prepared::ready(response, Some(search)));
             }
         }

@@ -819,30 +819,6 @@ impl Filter {
     }
 }
 
-/// Bytes at the end of streamed text that may still turn into personal data, held back
-/// until the text moves on: the word being written, or, when the trailing run of
-/// characters that occur in personal data (letters, digits, `@ . + - _ ( ) / : =` and
-/// spaces) holds a digit or an `@`, that whole run (it ends at other punctuation or a line
-/// break).
-pub fn pii_tail(text: &str) -> usize {
-    let run: usize = text
-        .chars()
-        .rev()
-        .take_while(|c| c.is_alphanumeric() || " @.+-_()/:=".contains(*c))
-        .map(char::len_utf8)
-        .sum();
-    let tail = &text[text.len() - run..];
-    if tail.chars().any(|c| c.is_numeric() || c == '@') {
-        return run;
-    }
-    // prose: only the word being written (it may still become an address or a key)
-    text.chars()
-        .rev()
-        .take_while(|c| !c.is_whitespace())
-        .map(char::len_utf8)
-        .sum()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

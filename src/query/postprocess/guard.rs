@@ -16,11 +16,11 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 
+use super::{NORMAL_MARKER, WORD};
+
 /// A run of normal-form markers (` [1][2]`) with the blanks around them.
 static MARKERS: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^(?:\s*\[\d{1,3}\])+").expect("valid regex"));
-static WORD: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"[\p{L}\p{N}_]+").expect("valid regex"));
 
 /// What replaces a unit that repeats an instruction found in a document.
 pub const INJECTION_PLACEHOLDER: &str =
@@ -97,14 +97,11 @@ impl Units {
 
 /// Lower-case words, markers left out.
 fn words(text: &str) -> Vec<String> {
-    let without = MARKER_ANYWHERE.replace_all(text, " ");
+    let without = NORMAL_MARKER.replace_all(text, " ");
     WORD.find_iter(&without)
         .map(|w| w.as_str().to_lowercase())
         .collect()
 }
-
-static MARKER_ANYWHERE: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"\[\d{1,3}\]").expect("valid regex"));
 
 fn trigrams(words: &[String]) -> HashSet<String> {
     words.windows(3).map(|w| w.join(" ")).collect()

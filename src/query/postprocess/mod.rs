@@ -406,8 +406,6 @@ pub struct StreamStep {
 /// just closed (`[1](url)` is a link, not a citation).
 #[derive(Debug)]
 pub struct AnswerStream {
-    /// Personal data redacted in what is emitted (the same rules as the final answer's).
-    pii: Option<crate::query::safety::PiiRules>,
     stops: Vec<String>,
     raw: String,
     emitted: usize,
@@ -427,20 +425,12 @@ static CLOSED_MARKER: LazyLock<Regex> = LazyLock::new(|| {
 impl AnswerStream {
     pub fn new(stops: &[String]) -> Self {
         AnswerStream {
-            pii: None,
             stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
             raw: String::new(),
             emitted: 0,
             cited: HashSet::new(),
             stopped: false,
         }
-    }
-
-    /// Emits text with personal data redacted as `rules` say; a run of text that may still
-    /// become personal data (digits, an address being written) is held back until it ends.
-    pub fn with_redaction(mut self, rules: crate::query::safety::PiiRules) -> Self {
-        self.pii = Some(rules);
-        self
     }
 
     /// Adds a raw delta; `blocks` are the context blocks in prompt order.
@@ -491,9 +481,6 @@ impl AnswerStream {
                 }
             }
         }
-        if self.pii.is_some() {
-            safe -= crate::query::safety::pii_tail(&raw[..safe]);
-        }
         let head = &raw[..safe];
         if let Some(m) = OPEN_MARKER.find(head).or_else(|| CLOSED_MARKER.find(head)) {
             safe = m.start();
@@ -504,10 +491,6 @@ impl AnswerStream {
     /// Emits the answer made of the first `safe` raw bytes, past what was emitted already.
     fn advance(&mut self, safe: usize, blocks: &[Hit]) -> StreamStep {
         let (text, citations) = cite(&self.raw[..safe], blocks);
-        let text = match &self.pii {
-            Some(rules) => crate::query::safety::redact(&text, rules).0,
-            None => text,
-        };
         let mut step = StreamStep::default();
         if text.len() > self.emitted && text.is_char_boundary(self.emitted) {
             step.text = text[self.emitted..].to_string();
@@ -711,14 +694,7 @@ mod tests {
 
     /// Streams `text` in the given pieces; returns the concatenated deltas and the final answer.
     fn stream(pieces: &[&str], stops: &[String], blocks: &[Hit]) -> (String, String, Vec<usize>) {
-        stream_with(AnswerStream::new(stops), pieces, blocks)
-    }
-
-    fn stream_with(
-        mut s: AnswerStream,
-        pieces: &[&str],
-        blocks: &[Hit],
-    ) -> (String, String, Vec<usize>) {
+        let mut s = AnswerStream::new(stops);
         let mut out = String::new();
         let mut ns = Vec::new();
         for p in pieces {
@@ -765,51 +741,6 @@ mod tests {
         let (rest, answer, _) = s.finish(&blocks);
         assert_eq!(rest.text, "");
         assert_eq!(answer, "Cargo builds [1]. Done.");
-    }
-
-    #[test]
-    fn property_redacted_stream_equals_the_redacted_answer() {
-        let stops = vec!["<|im_end|>".to_string()];
-        let blocks = [hit("a", "A is one."), hit("b", "B.")];
-        let rules = crate::query::safety::PiiRules::default();
-        let atoms = [
-            "Mail ",
-            "ann@x.org",
-            " or ",
-            "call ",
-            "+1 415 555 0132",
-            " card ",
-            "4111",
-            " 1111",
-            " 1111 1111",
-            ".",
-            " [1]",
-            " ",
-            "\n",
-            "IP 10.0.0.",
-            "7",
-            " ssn 123-45-",
-            "6789",
-            "<|im_end|>",
-            "word",
-            "sk-",
-            "abcdefghijklmnopqrstuvwx1",
-        ];
-        let mut rng = Rng(0x5DEE_CE66_D1CE_4E5B);
-        let mut redacted = 0;
-        for _ in 0..2000 {
-            let text: String = (0..rng.below(16))
-                .map(|_| atoms[rng.below(atoms.len())])
-                .collect();
-            let pieces = rng.pieces(&text, 10);
-            let stream = AnswerStream::new(&stops).with_redaction(rules.clone());
-            let (out, answer, _) = stream_with(stream, &pieces, &blocks);
-            let expected = crate::query::safety::redact(&answer, &rules).0;
-            assert_eq!(out, expected, "text {text:?} pieces {pieces:?}");
-            redacted += usize::from(expected.contains("[email]") || expected.contains("[us_ssn]"));
-        }
-        // the generator does produce personal data to redact
-        assert!(redacted > 100, "{redacted}");
     }
 
     #[test]

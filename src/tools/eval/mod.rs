@@ -325,10 +325,10 @@ pub fn question_type(question: &str) -> String {
 /// removed, blanks collapsed; as tokens.
 fn answer_tokens(text: &str) -> Vec<String> {
     let lower = text.to_lowercase();
-    let no_markers = regex::Regex::new(r"\[\d{1,3}\]")
-        .map(|re| re.replace_all(&lower, " ").to_string())
-        .unwrap_or(lower);
-    no_markers
+    static MARKER: std::sync::LazyLock<regex::Regex> =
+        std::sync::LazyLock::new(|| regex::Regex::new(r"\[\d{1,3}\]").expect("valid regex"));
+    MARKER
+        .replace_all(&lower, " ")
         .chars()
         .map(|c| {
             if c.is_alphanumeric() || c.is_whitespace() {
@@ -513,14 +513,13 @@ pub async fn answers(
             })
             .await?;
         let golds = data.answers.get(&q.id).cloned().unwrap_or_default();
-        if !data.qrels.contains_key(&q.id) {
-            // content-based answerability, on the same retrieval
-            let content = engine
-                .extractive_answer(&q.text, &hits_of(engine, &q.text).await?)
-                .await?
-                .map_or(f32::MIN, |(_, score)| score);
-            content_scores.push((content, false));
-        }
+        // content-based answerability, on the same retrieval as the answer
+        let hits = hits_of(engine, &q.text).await?;
+        let content = engine
+            .extractive_answer(&q.text, &hits)
+            .await?
+            .map_or(f32::MIN, |(_, score)| score);
+        content_scores.push((content, data.qrels.contains_key(&q.id)));
         let t = types.entry(question_type(&q.text)).or_default();
         t[0] += 1.0;
         if response.answerable {
@@ -565,12 +564,6 @@ pub async fn answers(
         covered += usize::from(any_good);
 
         // the same answer with fallback attribution over the same retrieved blocks
-        let hits = hits_of(engine, &q.text).await?;
-        let content = engine
-            .extractive_answer(&q.text, &hits)
-            .await?
-            .map_or(f32::MIN, |(_, score)| score);
-        content_scores.push((content, data.qrels.contains_key(&q.id)));
         let texts: Vec<String> = hits.iter().map(|h| h.payload.text.clone()).collect();
         let good_block = |n: usize| texts.get(n - 1).is_some_and(|t| contains(t, &golds));
         let tally = |cits: &[crate::query::postprocess::Citation]| {
