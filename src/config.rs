@@ -50,6 +50,151 @@ pub struct Config {
     pub safety: crate::query::safety::SafetyConfig,
     #[serde(default)]
     pub citations: CitationsConfig,
+    #[serde(default)]
+    pub auth: AuthConfig,
+}
+
+/// What an API key may do. `write` includes everything `read` allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// Query, search, list documents and jobs, metrics.
+    Read,
+    /// Upload and delete documents, and everything `read` allows.
+    Write,
+}
+
+impl std::str::FromStr for Scope {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Scope, String> {
+        match s {
+            "read" => Ok(Scope::Read),
+            "write" => Ok(Scope::Write),
+            other => Err(format!("unknown scope {other:?}: use read or write")),
+        }
+    }
+}
+
+/// One API key, stored as the SHA-256 of the key (`docent keys new` prints both).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKey {
+    /// A label for logs and metrics (never the key).
+    pub name: String,
+    pub scope: Scope,
+    /// `sha256:` and 64 hex digits.
+    pub hash: String,
+}
+
+/// The stored form of a key: `sha256:<hex>`.
+pub fn hash_key(key: &str) -> String {
+    use sha2::Digest;
+    format!(
+        "sha256:{}",
+        hex::encode(sha2::Sha256::digest(key.as_bytes()))
+    )
+}
+
+/// Shortest key accepted from `DOCENT_API_KEYS`.
+pub const MIN_KEY_CHARS: usize = 16;
+
+/// `[auth]`: who may call the API. Whenever keys are configured every `/v1` route and
+/// `/metrics` need one (`Authorization: Bearer <key>`); `/healthz` and `/readyz` never do.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// `false` turns authentication off altogether (a warning at start). With it on and
+    /// no keys, the server only listens on loopback addresses.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default)]
+    pub keys: Vec<ApiKey>,
+    /// Requests per minute per key (a server without keys has no rate limit); 0 = unlimited.
+    #[serde(default = "default_rate_per_minute")]
+    pub rate_per_minute: u32,
+    /// Requests a key may send at once above the steady rate.
+    #[serde(default = "default_burst")]
+    pub burst: u32,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_rate_per_minute() -> u32 {
+    600
+}
+fn default_burst() -> u32 {
+    60
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            enabled: true,
+            keys: vec![],
+            rate_per_minute: default_rate_per_minute(),
+            burst: default_burst(),
+        }
+    }
+}
+
+impl AuthConfig {
+    /// Keys from `DOCENT_API_KEYS` (`key:scope` pairs, comma-separated; development),
+    /// hashed on arrival.
+    pub fn add_env_keys(&mut self, raw: &str) -> Result<(), ConfigError> {
+        for (i, pair) in raw
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .enumerate()
+        {
+            let (key, scope) = pair.rsplit_once(':').ok_or_else(|| ConfigError::Invalid {
+                field: "DOCENT_API_KEYS",
+                message: format!("entry {} is not key:scope (scope read or write)", i + 1),
+            })?;
+            let scope: Scope = scope.parse().map_err(|message| ConfigError::Invalid {
+                field: "DOCENT_API_KEYS",
+                message: format!("entry {}: {message}", i + 1),
+            })?;
+            if key.chars().count() < MIN_KEY_CHARS || key.chars().any(char::is_whitespace) {
+                return Err(ConfigError::Invalid {
+                    field: "DOCENT_API_KEYS",
+                    message: format!(
+                        "entry {}: a key needs at least {MIN_KEY_CHARS} characters and no spaces (`docent keys new` makes one)",
+                        i + 1
+                    ),
+                });
+            }
+            self.keys.push(ApiKey {
+                name: format!("env-{}", i + 1),
+                scope,
+                hash: hash_key(key),
+            });
+        }
+        Ok(())
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        for k in &self.keys {
+            let hex = k.hash.strip_prefix("sha256:").unwrap_or("");
+            if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(ConfigError::Invalid {
+                    field: "auth.keys",
+                    message: format!(
+                        "key {:?}: hash must be sha256: and 64 hex digits (from `docent keys new`)",
+                        k.name
+                    ),
+                });
+            }
+        }
+        if self.rate_per_minute > 0 && self.burst == 0 {
+            return Err(ConfigError::Invalid {
+                field: "auth.burst",
+                message: "must be at least 1 when auth.rate_per_minute is set".into(),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Which engine holds the index.
@@ -204,6 +349,43 @@ pub struct ServerConfig {
     /// A streamed answer with nothing new for this long gets a keep-alive comment.
     #[serde(default = "default_keep_alive_ms")]
     pub keep_alive_ms: u64,
+    /// Largest uploaded file per type (extension → bytes), below `max_upload_bytes`.
+    #[serde(default)]
+    pub upload_limits: std::collections::BTreeMap<String, usize>,
+    /// A request must be answered (its response head sent) within this many seconds, or
+    /// it gets 503 `timeout`; the client must send its request head within it too.
+    #[serde(default = "default_request_timeout_s")]
+    pub request_timeout_s: u64,
+    /// Requests handled at once; more get 503 `overloaded` with `Retry-After`.
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+    /// On SIGTERM or SIGINT, in-flight requests and ingest jobs get this long to finish.
+    #[serde(default = "default_shutdown_timeout_s")]
+    pub shutdown_timeout_s: u64,
+    /// Origins allowed to call the API from a browser (`*` for any); empty: CORS off.
+    #[serde(default)]
+    pub cors_origins: Vec<String>,
+    /// `text` or `json` (one JSON object per line).
+    #[serde(default)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+fn default_request_timeout_s() -> u64 {
+    120
+}
+fn default_max_in_flight() -> usize {
+    256
+}
+fn default_shutdown_timeout_s() -> u64 {
+    30
 }
 
 fn default_keep_alive_ms() -> u64 {
@@ -308,6 +490,12 @@ impl Default for Config {
                 max_question_chars: 2000,
                 max_upload_bytes: 64 << 20,
                 keep_alive_ms: default_keep_alive_ms(),
+                upload_limits: Default::default(),
+                request_timeout_s: default_request_timeout_s(),
+                max_in_flight: default_max_in_flight(),
+                shutdown_timeout_s: default_shutdown_timeout_s(),
+                cors_origins: vec![],
+                log_format: LogFormat::Text,
             },
             embedding: EmbeddingConfig {
                 model_dir: "models/all-MiniLM-L6-v2".into(),
@@ -347,6 +535,8 @@ impl Default for Config {
                 top_p: 1.0,
                 top_k: 0,
                 repetition_penalty: 1.0,
+                dry_multiplier: 0.0,
+                dry_allowed_length: 2,
                 max_num_seqs: 8,
                 context_tokens: 0,
                 prefix_cache: true,
@@ -367,6 +557,7 @@ impl Default for Config {
             safety: crate::query::safety::SafetyConfig::default(),
             citations: CitationsConfig::default(),
             store: StoreConfig::default(),
+            auth: AuthConfig::default(),
         }
     }
 }
@@ -388,6 +579,8 @@ impl Config {
             default_top_p: c.generation.top_p,
             default_top_k_tokens: c.generation.top_k,
             default_repetition_penalty: c.generation.repetition_penalty,
+            default_dry_multiplier: c.generation.dry_multiplier,
+            dry_allowed_length: c.generation.dry_allowed_length,
             max_question_chars: c.server.max_question_chars,
             keep_alive: std::time::Duration::from_millis(c.server.keep_alive_ms.max(1)),
             default_answer_mode: c.generation.answer_mode,
@@ -419,12 +612,15 @@ impl Config {
         // DOCENT_MODELS_DIR and DOCENT_SHARED_DIR belong to the setup script and the tests.
         fig = fig.merge(
             Env::prefixed("DOCENT_")
-                .ignore(&["models_dir", "shared_dir"])
+                .ignore(&["models_dir", "shared_dir", "api_keys"])
                 .split("__"),
         );
-        let config: Config = fig
+        let mut config: Config = fig
             .extract()
             .map_err(|e| ConfigError::Parse(e.to_string()))?;
+        if let Ok(raw) = std::env::var("DOCENT_API_KEYS") {
+            config.auth.add_env_keys(&raw)?;
+        }
         config.validate()?;
         Ok(config)
     }
@@ -432,6 +628,7 @@ impl Config {
     /// Checks values that do not need files.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.store.validate()?;
+        self.auth.validate()?;
         let invalid = |field, message: String| Err(ConfigError::Invalid { field, message });
         if self.embedding.max_length < 3 {
             return invalid("embedding.max_length", "must be at least 3".into());
@@ -565,6 +762,15 @@ impl Config {
                 ),
             );
         }
+        if !(0.0..=5.0).contains(&self.generation.dry_multiplier) {
+            return invalid(
+                "generation.dry_multiplier",
+                format!(
+                    "must be in 0..=5 (0 is off), got {}",
+                    self.generation.dry_multiplier
+                ),
+            );
+        }
         if self.generation.max_tokens > self.generation.max_tokens_limit {
             return invalid(
                 "generation.max_tokens",
@@ -578,6 +784,36 @@ impl Config {
             return invalid(
                 "server.max_body_bytes",
                 "server.max_body_bytes must be at least 256 and server.max_question_chars at least 1".into(),
+            );
+        }
+        if let Some((ext, _)) = self
+            .server
+            .upload_limits
+            .iter()
+            .find(|(ext, _)| !docent_ingest::load::SUPPORTED_EXTENSIONS.contains(&ext.as_str()))
+        {
+            return invalid(
+                "server.upload_limits",
+                format!(
+                    "unknown file type {ext:?}: use one of {}",
+                    docent_ingest::load::SUPPORTED_EXTENSIONS.join(", ")
+                ),
+            );
+        }
+        if self.server.request_timeout_s == 0 || self.server.max_in_flight == 0 {
+            return invalid(
+                "server.request_timeout_s",
+                "server.request_timeout_s and server.max_in_flight must be at least 1".into(),
+            );
+        }
+        if let Some(o) =
+            self.server.cors_origins.iter().find(|o| {
+                o.as_str() != "*" && !(o.starts_with("http://") || o.starts_with("https://"))
+            })
+        {
+            return invalid(
+                "server.cors_origins",
+                format!("{o:?} is not an origin: use http(s)://host[:port], or \"*\""),
             );
         }
         if !["docent", "candle"].contains(&self.generation.kernels.as_str()) {

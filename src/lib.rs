@@ -8,15 +8,18 @@
 //!   sequences cut, citations checked) with [`query::safety`] around it; [`query`]'s
 //!   `QueryEngine` is the one orchestration for JSON and streamed answers.
 //! - [`server`]: HTTP: [`server::routes`] (one module per resource), [`server::error`]
-//!   (the one error type and its mapping to HTTP), jobs, telemetry and
-//!   [`server::startup`] (wiring).
+//!   (the one error type and its mapping to HTTP), the middleware ([`server::observe`],
+//!   [`server::auth`], [`server::limits`]), jobs, telemetry and [`server::startup`]
+//!   (wiring and graceful shutdown).
 //! - [`config`]: the one typed configuration.
+//! - [`metrics`]: the Prometheus metrics every stage records (`GET /metrics`).
 //! - [`tools`]: `docent eval` and `docent bench`; the service does not depend on them.
 //!
 //! Ingest (load → split → embed → store) is the `docent-ingest` crate; the store (one
 //! interface, an embedded and a server engine) is the `docent-store` crate.
 
 pub mod config;
+pub mod metrics;
 pub mod query;
 pub mod server;
 pub mod tools;

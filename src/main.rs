@@ -29,6 +29,19 @@ struct Cli {
     command: Command,
 }
 
+#[derive(Subcommand)]
+enum KeysAction {
+    /// Make a random key; prints it once, and the `[[auth.keys]]` entry (its hash) to add.
+    New {
+        /// `read` (query, search, list) or `write` (also upload and delete).
+        #[arg(long)]
+        scope: docent::config::Scope,
+        /// A label for logs and metrics.
+        #[arg(long, default_value = "default")]
+        name: String,
+    },
+}
+
 // Parsed once per process; the bench variants are large, and boxing them buys nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
@@ -38,6 +51,11 @@ enum Command {
         /// Address to listen on, e.g. 127.0.0.1:8080 (overrides server.bind).
         #[arg(long)]
         bind: Option<String>,
+    },
+    /// API keys: `docent keys new --scope read` prints a new key and its config entry.
+    Keys {
+        #[command(subcommand)]
+        action: KeysAction,
     },
     /// Add files or directories (.txt, .md, .html, .pdf, .docx) to the index.
     Ingest {
@@ -248,8 +266,33 @@ struct BenchArgs {
 }
 
 fn main() -> ExitCode {
-    telemetry::init();
     let cli = Cli::parse();
+    if let Command::Keys {
+        action: KeysAction::New { scope, name },
+    } = &cli.command
+    {
+        return match docent::server::auth::new_key(name, *scope) {
+            Ok((key, line)) => {
+                println!("key (shown once; give it to the client): {key}");
+                println!();
+                println!("add to docent.toml:");
+                println!("{line}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let config = match Config::load(cli.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    telemetry::init(config.server.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -260,7 +303,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(run(cli, config)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -269,12 +312,12 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let mut config = Config::load(cli.config.as_deref())?;
+async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
     if let Some(d) = cli.data_dir {
         config.data_dir = d;
     }
     match cli.command {
+        Command::Keys { .. } => Ok(ExitCode::SUCCESS), // handled before the config loads
         Command::Serve { bind } => {
             if let Some(b) = bind {
                 config.server.bind = b;
@@ -283,6 +326,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let engine = Arc::new(startup::query_engine(&config, index).await?);
             let app = startup::Application::build(&config, engine)?;
             tracing::info!(port = app.port(), data_dir = %config.data_dir.display(), "docent is listening");
+            println!("docent is listening on port {}", app.port());
             app.run_until_stopped().await?;
             Ok(ExitCode::SUCCESS)
         }

@@ -13,6 +13,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::metrics::metrics;
+
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tracing::info;
 
@@ -124,10 +126,14 @@ impl QueryEngine {
             .revision()
             .await
             .map_err(docent_ingest::Error::from)?;
-        if let Some((hit, search)) = cache_key
+        let cached = cache_key
             .as_deref()
-            .and_then(|k| self.cache.get(k, version))
-        {
+            .and_then(|k| self.cache.get(k, version));
+        if cache_key.is_some() {
+            let result = if cached.is_some() { "hit" } else { "miss" };
+            metrics().cache.with_label_values(&[result]).inc();
+        }
+        if let Some((hit, search)) = cached {
             let response = QueryResponse {
                 cached: true,
                 // token counts describe the answer; the times are this request's
@@ -234,6 +240,7 @@ impl QueryEngine {
                     context_tokens: self.generator.context_tokens(),
                     max_tokens: q.params.max_tokens,
                 };
+                let prompt_started = Instant::now();
                 let fitted = self.prompts.render_within(
                     &q.search.question,
                     &blocks,
@@ -241,6 +248,7 @@ impl QueryEngine {
                     budget,
                     self.generator.tokens(),
                 )?;
+                metrics().stage("prompt", prompt_started.elapsed().as_secs_f64());
                 (
                     Some((fitted.prompt, fitted.prompt_tokens)),
                     fitted.blocks,
@@ -307,6 +315,8 @@ impl QueryEngine {
             return;
         }
         let mut out = Released::default();
+        // time spent checking and releasing the model's text (interleaved with generation)
+        let mut post_time = std::time::Duration::ZERO;
         let generation_started = Instant::now();
         let mut generation: Option<Generation> = None;
         let mut deltas = 0usize;
@@ -347,7 +357,10 @@ impl QueryEngine {
                         ready
                     }
                 };
-                match self.release_all(&mut p, ready, &mut out, &tx).await {
+                let released_at = Instant::now();
+                let released = self.release_all(&mut p, ready, &mut out, &tx).await;
+                post_time += released_at.elapsed();
+                match released {
                     Ok(true) if !ended => {}
                     Ok(_) => {
                         ended = true;
@@ -361,9 +374,12 @@ impl QueryEngine {
             }
             if !ended {
                 // the model finished: what the post-processor still held back
+                let released_at = Instant::now();
                 let mut ready = units.push(&post.finish_text(&p.hits));
                 ready.extend(units.finish());
-                if let Err(e) = self.release_all(&mut p, ready, &mut out, &tx).await {
+                let released = self.release_all(&mut p, ready, &mut out, &tx).await;
+                post_time += released_at.elapsed();
+                if let Err(e) = released {
                     let _ = tx.send(QueryEvent::Error(e)).await;
                     return;
                 }
@@ -372,6 +388,7 @@ impl QueryEngine {
             drop(stream);
         }
         let generation_ms = generation_started.elapsed().as_secs_f64() * 1e3;
+        let fallback_started = Instant::now();
 
         let mut mode = p.q.mode;
         if out.text.trim().is_empty() {
@@ -421,6 +438,21 @@ impl QueryEngine {
             completion_tokens,
             generation_ms,
         );
+        let m = metrics();
+        m.stage(
+            "postprocess",
+            (post_time + fallback_started.elapsed()).as_secs_f64(),
+        );
+        if p.prompt.is_some() {
+            m.stage("generate", generation_ms / 1e3);
+            m.tokens.inc_by(completion_tokens as u64);
+            if let Some(tps) = response.usage.tokens_per_second {
+                m.tokens_per_second.observe(tps);
+            }
+            if let Some(ttft) = response.usage.ttft_ms {
+                m.stage("ttft", ttft / 1e3);
+            }
+        }
         let _ = tx.send(QueryEvent::Done(Box::new(response))).await;
     }
 

@@ -20,8 +20,8 @@ use mistralrs::core::{
     SchedulerConfig, SpeculativeConfig, SpeculativeLoader,
 };
 use mistralrs::{
-    AutoDeviceMapParams, Constraint, DeviceMapSetting, Model, NormalRequest, Request,
-    RequestBuilder, RequestLike, RequestMessage, Response, SamplingParams, StopTokens,
+    AutoDeviceMapParams, Constraint, DeviceMapSetting, DrySamplingParams, Model, NormalRequest,
+    Request, RequestBuilder, RequestLike, RequestMessage, Response, SamplingParams, StopTokens,
     TextMessageRole, TextMessages, TokenSource,
 };
 use tokio::sync::mpsc;
@@ -74,6 +74,10 @@ pub(crate) fn default_max_queue() -> usize {
     32
 }
 
+pub(crate) fn default_dry_allowed_length() -> usize {
+    2
+}
+
 pub(crate) fn one() -> f64 {
     1.0
 }
@@ -112,6 +116,14 @@ pub struct GenerationConfig {
     pub top_k: usize,
     /// 1.0 is off. Above 1 also penalises copying the context, which hurts RAG answers.
     pub repetition_penalty: f32,
+    /// DRY ("don't repeat yourself") penalty multiplier; 0 is off. mistral.rs applies it to
+    /// repeats of any earlier span of prompt and answer (base 1.75, allowed length 2).
+    #[serde(default)]
+    pub dry_multiplier: f32,
+    /// Repeats up to this many tokens long go unpenalised by DRY (mistral.rs's default 2
+    /// also penalises quoting the context).
+    #[serde(default = "default_dry_allowed_length")]
+    pub dry_allowed_length: usize,
     /// Sequences the engine schedules at once.
     pub max_num_seqs: usize,
     /// Tokens of context (prompt and answer) to use; 0 = the model's own length.
@@ -192,6 +204,10 @@ pub struct Params {
     pub top_k: usize,
     /// 1.0 is off; above 1 discourages repeating tokens already in the context.
     pub repetition_penalty: f32,
+    /// DRY penalty multiplier; 0 is off.
+    pub dry_multiplier: f32,
+    /// Longest repeat DRY leaves alone, in tokens.
+    pub dry_allowed_length: usize,
     /// Strings that end the answer; cut out of the text.
     pub stop: Vec<String>,
 }
@@ -205,6 +221,8 @@ impl Params {
             top_p: 1.0,
             top_k: 0,
             repetition_penalty: 1.0,
+            dry_multiplier: 0.0,
+            dry_allowed_length: default_dry_allowed_length(),
             stop: vec![],
         }
     }
@@ -953,6 +971,11 @@ fn sampling(params: &Params) -> SamplingParams {
     };
     s.max_len = Some(params.max_tokens);
     s.repetition_penalty = (params.repetition_penalty != 1.0).then_some(params.repetition_penalty);
+    s.dry_params = (params.dry_multiplier > 0.0).then(|| DrySamplingParams {
+        multiplier: params.dry_multiplier,
+        allowed_length: params.dry_allowed_length,
+        ..DrySamplingParams::default()
+    });
     s.stop_toks = stop;
     s
 }
@@ -971,6 +994,8 @@ mod tests {
             top_p,
             top_k,
             repetition_penalty: 1.0,
+            dry_multiplier: 0.0,
+            dry_allowed_length: 2,
             stop: vec!["END".into()],
         }
     }

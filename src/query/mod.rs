@@ -184,6 +184,14 @@ impl QueryEngine {
     }
 
     fn count(&self, report: &SafetyReport) {
+        let m = &crate::metrics::metrics().safety;
+        m.with_label_values(&["checked"]).inc();
+        for r in &report.reasons {
+            m.with_label_values(&[r.as_str()]).inc();
+        }
+        if report.blocked {
+            m.with_label_values(&["blocked"]).inc();
+        }
         let mut counts = self.safety_counts.lock().unwrap_or_else(|p| p.into_inner());
         *counts.entry("checked".into()).or_default() += 1;
         for r in &report.reasons {

@@ -65,6 +65,8 @@ pub struct GenerationOptions {
     /// Sample among the k most likely tokens; 0 = off. Only with temperature > 0.
     pub top_k: Option<usize>,
     pub repetition_penalty: Option<f32>,
+    /// DRY penalty multiplier, 0..=5; 0 is off.
+    pub dry_multiplier: Option<f32>,
     /// More strings that end the answer (besides the template's); never part of it.
     #[serde(default)]
     pub stop: Vec<String>,
@@ -105,6 +107,9 @@ pub struct Limits {
     pub default_top_p: f64,
     pub default_top_k_tokens: usize,
     pub default_repetition_penalty: f32,
+    pub default_dry_multiplier: f32,
+    /// `generation.dry_allowed_length` (server-wide).
+    pub dry_allowed_length: usize,
     pub max_question_chars: usize,
     /// Keep-alive interval of streamed answers (the SSE layer sends the comments).
     pub keep_alive: Duration,
@@ -137,6 +142,60 @@ pub struct ValidSearch {
     pub neighbors: usize,
 }
 
+/// Longest collection name or tag, in bytes.
+pub const MAX_NAME_BYTES: usize = 64;
+/// Most tags or document ids in a filter.
+pub const MAX_FILTER_VALUES: usize = 100;
+
+/// A collection name: 1–64 of `[A-Za-z0-9._-]`, starting with a letter or digit (so never
+/// `.`, `..`, empty or a path).
+pub fn collection_name_ok(name: &str) -> bool {
+    (1..=MAX_NAME_BYTES).contains(&name.len())
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// What a collection name must be, for error messages.
+pub const COLLECTION_RULE: &str =
+    "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit";
+
+/// A tag: 1–64 bytes, no control characters.
+pub fn tag_ok(tag: &str) -> bool {
+    (1..=MAX_NAME_BYTES).contains(&tag.len()) && !tag.chars().any(char::is_control)
+}
+
+fn check_filter(f: &SearchFilter) -> Result<(), QueryError> {
+    let invalid = |field, message: String| Err(QueryError::Invalid { field, message });
+    if let Some(c) = &f.collection {
+        if !collection_name_ok(c) {
+            return invalid(
+                "retrieval.filter.collection",
+                format!("{c:?} is not a collection name: {COLLECTION_RULE}"),
+            );
+        }
+    }
+    if f.tags.len() > MAX_FILTER_VALUES || !f.tags.iter().all(|t| tag_ok(t)) {
+        return invalid(
+            "retrieval.filter.tags",
+            format!("at most {MAX_FILTER_VALUES} tags of 1 to {MAX_NAME_BYTES} bytes without control characters"),
+        );
+    }
+    if f.document_ids.len() > MAX_FILTER_VALUES
+        || !f
+            .document_ids
+            .iter()
+            .all(|d| (1..=128).contains(&d.len()) && d.bytes().all(|b| b.is_ascii_graphic()))
+    {
+        return invalid(
+            "retrieval.filter.document_ids",
+            format!("at most {MAX_FILTER_VALUES} document ids, each 1 to 128 printable ASCII characters"),
+        );
+    }
+    Ok(())
+}
+
 impl SearchRequest {
     /// The checks `/v1/query` applies to its question and retrieval options.
     pub fn validate(self, limits: &Limits) -> Result<ValidSearch, QueryError> {
@@ -155,6 +214,17 @@ impl SearchRequest {
                 ),
             );
         }
+        if question
+            .chars()
+            .any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t'))
+        {
+            return invalid(
+                "question",
+                "must not contain NUL or other control characters (newlines and tabs are fine)"
+                    .into(),
+            );
+        }
+        check_filter(&self.retrieval.filter)?;
         let top_k = self.retrieval.top_k.unwrap_or(limits.default_top_k);
         if top_k == 0 || top_k > limits.max_top_k {
             return invalid(
@@ -248,6 +318,13 @@ impl QueryRequest {
             );
         }
         let g = &self.generation;
+        let dry_multiplier = g.dry_multiplier.unwrap_or(limits.default_dry_multiplier);
+        if !(0.0..=5.0).contains(&dry_multiplier) {
+            return invalid(
+                "generation.dry_multiplier",
+                format!("must be between 0 and 5 (0 is off), got {dry_multiplier}"),
+            );
+        }
         let top_p = g.top_p.unwrap_or(limits.default_top_p);
         if !(top_p > 0.0 && top_p <= 1.0) {
             return invalid(
@@ -300,6 +377,8 @@ impl QueryRequest {
                 top_p,
                 top_k,
                 repetition_penalty,
+                dry_multiplier,
+                dry_allowed_length: limits.dry_allowed_length,
                 stop,
             },
             history: self.history,

@@ -71,7 +71,10 @@ impl Index {
 
     /// The question's dense and BM25 vectors ([`QueryBatcher::embed_question`]).
     pub async fn embed_query(&self, question: &str) -> docent_ingest::Result<Embedding> {
-        self.queries.embed_question(question).await
+        let started = Instant::now();
+        let e = self.queries.embed_question(question).await;
+        crate::metrics::metrics().stage("embed", started.elapsed().as_secs_f64());
+        e
     }
 
     /// The best `top_k` chunks for an embedded question under `mode`, with the candidate
@@ -82,6 +85,19 @@ impl Index {
     /// or their fusion ([`Fusion::fuse`], the engine's own formulas), and only the
     /// `top_k` chunks it keeps are read. With MMR the engine re-ranks (a third search).
     pub async fn rank(
+        &self,
+        query: &Embedding,
+        top_k: usize,
+        mode: SearchMode,
+        only: &SearchFilter,
+    ) -> docent_ingest::Result<Ranked> {
+        let started = Instant::now();
+        let ranked = self.rank_unmetered(query, top_k, mode, only).await;
+        crate::metrics::metrics().stage("retrieve", started.elapsed().as_secs_f64());
+        ranked
+    }
+
+    async fn rank_unmetered(
         &self,
         query: &Embedding,
         top_k: usize,

@@ -1,8 +1,9 @@
 //! Wiring: opens the index, loads the models and binds the HTTP server. Tests use
 //! [`Application::build`] with port 0 to run the real server on a random port.
 
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix_web::dev::Server;
 use actix_web::{web, App, HttpServer};
@@ -100,11 +101,6 @@ pub async fn query_engine(config: &Config, index: Index) -> anyhow::Result<Query
     ))
 }
 
-pub struct Application {
-    port: u16,
-    server: Server,
-}
-
 /// The upload and jobs service over an open index.
 pub fn documents(
     config: &Config,
@@ -114,39 +110,195 @@ pub fn documents(
         ingestor: Arc::new(ingestor(config, index)?),
         jobs: Default::default(),
         max_file_bytes: config.server.max_upload_bytes,
+        type_limits: config.server.upload_limits.clone(),
+        running: Default::default(),
     })
+}
+
+pub struct Application {
+    port: u16,
+    server: Server,
+    engine: Arc<QueryEngine>,
+    documents: web::Data<crate::server::routes::documents::Documents>,
+    shutdown_timeout: Duration,
+}
+
+/// Refuses an address anyone on the network could reach while no key protects it.
+fn check_exposure(config: &Config, addr: SocketAddr) -> anyhow::Result<()> {
+    let auth = &config.auth;
+    if !auth.enabled {
+        tracing::warn!(
+            address = %addr,
+            "authentication is OFF (auth.enabled = false): anyone who reaches this address can read, upload and delete documents"
+        );
+        return Ok(());
+    }
+    if auth.keys.is_empty() && !addr.ip().is_loopback() {
+        anyhow::bail!(
+            "refusing to listen on {addr} without API keys: anyone on the network could read, upload and delete documents. \
+             Add keys (`docent keys new --scope write` prints one and its [[auth.keys]] entry; or DOCENT_API_KEYS=key:scope for development), \
+             listen on a loopback address (127.0.0.1), or turn authentication off with auth.enabled = false"
+        );
+    }
+    Ok(())
+}
+
+fn cors(origins: &[String]) -> actix_cors::Cors {
+    use actix_web::http::{header, Method};
+    let mut c = actix_cors::Cors::default()
+        .allowed_methods([Method::GET, Method::POST, Method::DELETE])
+        .allowed_headers([header::AUTHORIZATION, header::CONTENT_TYPE, header::ACCEPT])
+        .allowed_header(crate::server::observe::REQUEST_ID)
+        .expose_headers([header::RETRY_AFTER])
+        .expose_any_header()
+        .max_age(3600);
+    for o in origins {
+        c = if o == "*" {
+            c.allow_any_origin()
+        } else {
+            c.allowed_origin(o)
+        };
+    }
+    c
 }
 
 impl Application {
     /// Binds `config.server.bind` (port 0 picks a free port) and prepares the server.
     pub fn build(config: &Config, engine: Arc<QueryEngine>) -> anyhow::Result<Self> {
+        use crate::server::{auth, error, limits, observe};
+        use actix_web::middleware::{from_fn, Condition, ErrorHandlers};
+
         let documents = web::Data::new(documents(config, &engine.index)?);
         let listener = TcpListener::bind(&config.server.bind)
             .map_err(|e| anyhow::anyhow!("cannot bind {}: {e}", config.server.bind))?;
-        let port = listener.local_addr()?.port();
-        let engine = web::Data::from(engine);
-        let max_body = config.server.max_body_bytes;
+        let addr = listener.local_addr()?;
+        check_exposure(config, addr)?;
+        if config.auth.enabled && !config.auth.keys.is_empty() {
+            tracing::info!(keys = config.auth.keys.len(), "API keys required");
+        }
+        let access = auth::shared(&config.auth);
+        let s = &config.server;
+        let load = web::Data::new(limits::Limits::new(
+            s.max_in_flight,
+            Duration::from_secs(s.request_timeout_s),
+        ));
+        let engine_data = web::Data::from(engine.clone());
+        let max_body = s.max_body_bytes;
+        let origins = s.cors_origins.clone();
+        let app_documents = documents.clone();
         let server = HttpServer::new(move || {
             App::new()
-                .wrap(tracing_actix())
-                .app_data(engine.clone())
-                .app_data(documents.clone())
+                .app_data(engine_data.clone())
+                .app_data(app_documents.clone())
+                .app_data(access.clone())
+                .app_data(load.clone())
                 .configure(|cfg| crate::server::routes::routes(cfg, max_body))
+                // outermost last: observe → one error shape → CORS → keys and rates (the
+                // load limits wrap each API resource: routes::routes)
+                .wrap(from_fn(auth::gate))
+                .wrap(Condition::new(!origins.is_empty(), cors(&origins)))
+                .wrap(ErrorHandlers::new().default_handler(error::normalise))
+                .wrap(from_fn(observe::observe))
         })
+        .client_request_timeout(Duration::from_secs(s.request_timeout_s))
+        .shutdown_timeout(s.shutdown_timeout_s)
+        // SIGTERM and SIGINT are handled in `run_until_stopped`: both stop gracefully
+        .disable_signals()
         .listen(listener)?
         .run();
-        Ok(Application { port, server })
+        Ok(Application {
+            port: addr.port(),
+            server,
+            engine,
+            documents,
+            shutdown_timeout: Duration::from_secs(s.shutdown_timeout_s),
+        })
     }
 
     pub fn port(&self) -> u16 {
         self.port
     }
 
-    pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        self.server.await
+    /// A handle that stops the server as a signal does (tests use it).
+    pub fn handle(&self) -> actix_web::dev::ServerHandle {
+        self.server.handle()
+    }
+
+    /// Serves until SIGTERM or SIGINT (or [`Application::handle`]'s `stop`): then stops
+    /// accepting, lets in-flight requests and ingest jobs finish within
+    /// `server.shutdown_timeout_s`, and flushes the store.
+    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        let handle = self.server.handle();
+        let signals = tokio::spawn(async move {
+            let name = wait_for_signal().await;
+            tracing::info!(
+                signal = name,
+                "shutting down: no new connections; finishing in-flight requests"
+            );
+            handle.stop(true).await;
+        });
+        self.server.await?;
+        signals.abort();
+        if !self.documents.wait_idle(self.shutdown_timeout).await {
+            tracing::warn!(
+                "ingest jobs still running after the shutdown timeout; their documents are rolled back at the next start"
+            );
+        }
+        self.engine.index.store.flush().await?;
+        tracing::info!("stopped; the store is flushed");
+        Ok(())
     }
 }
 
-fn tracing_actix() -> actix_web::middleware::Logger {
-    actix_web::middleware::Logger::new("%r %s %Dms")
+/// The first of SIGTERM and SIGINT (Ctrl-C).
+async fn wait_for_signal() -> &'static str {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(mut term), Ok(mut int)) => tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            },
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
+                "SIGINT"
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        "Ctrl-C"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn public_addresses_need_keys_unless_auth_is_off() {
+        let mut c = Config::default();
+        let public: SocketAddr = "0.0.0.0:8080".parse().unwrap();
+        let lan: SocketAddr = "192.168.1.5:8080".parse().unwrap();
+        let local: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let local6: SocketAddr = "[::1]:8080".parse().unwrap();
+        assert!(check_exposure(&c, public).is_err());
+        assert!(check_exposure(&c, lan).is_err());
+        assert!(check_exposure(&c, local).is_ok());
+        assert!(check_exposure(&c, local6).is_ok());
+        c.auth.keys.push(crate::config::ApiKey {
+            name: "k".into(),
+            scope: crate::config::Scope::Read,
+            hash: crate::config::hash_key("k"),
+        });
+        assert!(check_exposure(&c, public).is_ok());
+        c.auth.keys.clear();
+        c.auth.enabled = false;
+        assert!(check_exposure(&c, public).is_ok());
+    }
 }

@@ -41,9 +41,18 @@ fn ingest_then_ask_json() {
     assert!(!body["answer"].as_str().unwrap().trim().is_empty());
     assert_eq!(body["answerable"], true);
     assert!(body["usage"]["prompt_tokens"].as_u64().unwrap() > 20);
-    if let Some(c) = body["citations"].as_array().unwrap().first() {
-        assert!(c["source"].as_str().unwrap().ends_with("facts.txt"));
-    }
+    let citations = body["citations"].as_array().unwrap();
+    assert!(
+        !citations.is_empty(),
+        "an answer without a citation: {body}"
+    );
+    assert!(
+        citations[0]["source"]
+            .as_str()
+            .unwrap()
+            .ends_with("facts.txt"),
+        "{body}"
+    );
 }
 
 #[test]

@@ -187,6 +187,18 @@ pub async fn get_json(c: &reqwest::Client, url: &str) -> serde_json::Value {
     c.get(url).send().await.unwrap().json().await.unwrap()
 }
 
+/// `GET url` with an API key, as JSON.
+pub async fn get_json_as(c: &reqwest::Client, url: &str, key: &str) -> serde_json::Value {
+    c.get(url)
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// `POST url` with a JSON body, the answer as JSON (whatever the status).
 pub async fn post_json(
     c: &reqwest::Client,

@@ -8,6 +8,7 @@ mod cli;
 mod crash;
 mod embedding;
 mod generation;
+mod hardening;
 mod helpers;
 mod ingest;
 mod parsers;

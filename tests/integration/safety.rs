@@ -53,11 +53,29 @@ async fn personal_data_is_redacted_and_injections_are_reported() {
         .collect();
     assert!(reasons.contains(&"prompt_injection:document"), "{body}");
     assert_eq!(body["safety"]["blocked"], false);
+    // redactions are reported with their kind, and only then
     let redactions = body["safety"]["redactions"].as_u64().unwrap();
-    assert!(
-        redactions == 0 || reasons.iter().any(|r| r.starts_with("pii:")),
+    assert_eq!(
+        redactions > 0,
+        reasons.iter().any(|r| r.starts_with("pii:")),
         "{body}"
     );
+    // the extractive answer quotes the document's sentences: the data is in them, so
+    // redactions must happen (and be reported), deterministically
+    let body = post_json(
+        &c,
+        &url,
+        &json!({"question": "What is the e-mail address, the phone number and the card number of the Acme support desk?",
+                "mode": "extractive"}),
+    )
+    .await;
+    assert_no_raw_pii(&body.to_string());
+    assert!(
+        body["safety"]["redactions"].as_u64().unwrap() >= 1,
+        "{body}"
+    );
+    let reasons = body["safety"]["reasons"].to_string();
+    assert!(reasons.contains("pii:"), "{body}");
 
     // the same streamed: no delta carries the data either
     let mut res = c
@@ -96,7 +114,7 @@ async fn personal_data_is_redacted_and_injections_are_reported() {
             .contains(&json!("prompt_injection:question")),
         "{flagged}"
     );
-    let health = get_json(&c, &format!("{address}/healthz")).await;
+    let health = get_json(&c, &format!("{address}/readyz")).await;
     assert!(
         health["safety"]["prompt_injection:question"]
             .as_u64()

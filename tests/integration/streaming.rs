@@ -278,7 +278,7 @@ async fn a_cached_answer_streams_like_a_fresh_one() {
 }
 
 async fn generation_stats(c: &reqwest::Client, address: &str) -> Value {
-    let health = get_json(c, &format!("{address}/healthz")).await;
+    let health = get_json(c, &format!("{address}/readyz")).await;
     health["generation"].clone()
 }
 

@@ -55,10 +55,12 @@ fn read_part(
         .read_to_string(&mut buf)
         .map_err(|e| corrupt(path, format!("{name}: {e}")))?;
     if buf.len() as u64 > MAX_PART {
-        return Err(corrupt(
-            path,
-            format!("{name} is larger than {MAX_PART} bytes"),
-        ));
+        // a zip bomb, or a document too large to index: refused as too large
+        return Err(Error::TooLarge {
+            path: path.to_path_buf(),
+            bytes: buf.len() as u64,
+            limit: MAX_PART,
+        });
     }
     Ok(Some(buf))
 }

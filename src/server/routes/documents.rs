@@ -15,6 +15,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::query::request;
 use crate::server::error::ApiError;
 use crate::server::jobs::{Jobs, Status};
 
@@ -33,10 +34,74 @@ pub struct Documents {
     pub jobs: Jobs,
     /// Largest accepted file, bytes.
     pub max_file_bytes: usize,
+    /// Lower limits for some file types (extension → bytes).
+    pub type_limits: std::collections::BTreeMap<String, usize>,
+    /// Ingest jobs running now (shutdown waits for them).
+    pub running: std::sync::atomic::AtomicUsize,
+}
+
+impl Documents {
+    /// The largest accepted file of this name's type.
+    fn limit_for(&self, name: &str) -> usize {
+        let ext = Path::new(name)
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase)
+            .unwrap_or_default();
+        self.type_limits
+            .get(&ext)
+            .map_or(self.max_file_bytes, |&l| l.min(self.max_file_bytes))
+    }
+
+    /// Waits until no ingest job runs, or `timeout` passes; true when none is left.
+    pub async fn wait_idle(&self, timeout: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if self.running.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Longest file name, in bytes.
+const MAX_FILE_NAME_BYTES: usize = 255;
+
+/// 422 unless `name` is a collection name.
+pub fn check_collection(field: &str, name: &str) -> Result<(), ApiError> {
+    if request::collection_name_ok(name) {
+        Ok(())
+    } else {
+        Err(ApiError::invalid_field(
+            field,
+            format!(
+                "{name:?} is not a collection name: {}",
+                request::COLLECTION_RULE
+            ),
+        ))
+    }
+}
+
+fn check_tag(tag: &str) -> Result<(), ApiError> {
+    if request::tag_ok(tag) {
+        Ok(())
+    } else {
+        Err(ApiError::invalid_field(
+            "metadata.tags",
+            format!(
+                "{tag:?}: a tag is 1 to {} bytes without control characters",
+                request::MAX_NAME_BYTES
+            ),
+        ))
+    }
 }
 
 fn invalid(message: impl Into<String>) -> ApiError {
-    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message)
+    ApiError::invalid_field("file", message)
 }
 
 fn unsupported(name: &str) -> ApiError {
@@ -76,10 +141,16 @@ fn store_error(e: docent_ingest::store::Error) -> ApiError {
     )
 }
 
-/// A file name from an upload, reduced to its last path component.
+/// A file name from an upload, reduced to its last path component; none when nothing
+/// usable is left, or it has control characters (NUL included) or is over 255 bytes.
 fn file_name(raw: &str) -> Option<String> {
     let name = raw.rsplit(['/', '\\']).next()?.trim();
-    (!name.is_empty() && name != "." && name != "..").then(|| name.to_string())
+    let usable = !name.is_empty()
+        && name != "."
+        && name != ".."
+        && name.len() <= MAX_FILE_NAME_BYTES
+        && !name.chars().any(char::is_control);
+    usable.then(|| name.to_string())
 }
 
 async fn read_field(
@@ -118,17 +189,34 @@ pub async fn upload(
                     .content_disposition()
                     .and_then(|cd| cd.get_filename())
                     .and_then(file_name)
-                    .ok_or_else(|| invalid("every `file` field needs a file name"))?;
+                    .ok_or_else(|| {
+                        ApiError::invalid_field(
+                            "file",
+                            "every `file` field needs a file name: 1 to 255 bytes, no control characters, not `.` or `..`",
+                        )
+                    })?;
                 if !load::is_supported(Path::new(&name)) {
                     return Err(unsupported(&name));
                 }
-                let bytes = read_field(&mut field, docs.max_file_bytes, &name).await?;
+                let bytes = read_field(&mut field, docs.limit_for(&name), &name).await?;
                 files.push((name, bytes));
             }
             "metadata" => {
                 let bytes = read_field(&mut field, 64 * 1024, "metadata").await?;
                 meta = serde_json::from_slice(&bytes)
-                    .map_err(|e| invalid(format!("metadata: {e}")))?;
+                    .map_err(|e| ApiError::invalid_field("metadata", format!("metadata: {e}")))?;
+                if let Some(c) = &meta.collection {
+                    check_collection("metadata.collection", c)?;
+                }
+                for t in &meta.tags {
+                    check_tag(t)?;
+                }
+                if meta.title.as_ref().is_some_and(|t| t.len() > 1024) {
+                    return Err(ApiError::invalid_field(
+                        "metadata.title",
+                        "a title is at most 1024 bytes",
+                    ));
+                }
             }
             other => {
                 return Err(invalid(format!(
@@ -183,7 +271,18 @@ pub async fn upload(
     let job_id = docs.jobs.create(&listed);
     let worker = docs.clone().into_inner();
     let job = job_id.clone();
-    tokio::task::spawn_blocking(move || run_job(&worker, &job, parsed));
+    crate::metrics::metrics()
+        .ingest_jobs
+        .with_label_values(&["accepted"])
+        .inc();
+    docs.running
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    tokio::task::spawn_blocking(move || {
+        run_job(&worker, &job, parsed);
+        worker
+            .running
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    });
     Ok(HttpResponse::Accepted().json(json!({
         "job_id": job_id,
         "documents": listed.iter().map(|(id, source)| json!({"id": id, "source": source})).collect::<Vec<_>>(),
@@ -222,13 +321,23 @@ fn run_job(docs: &Documents, job: &str, parsed: Vec<Document>) {
         docs.jobs.update(job, 0, |d| d.status = Status::Running);
     }
     let inputs = parsed.into_iter().map(Input::Document).collect();
-    docs.ingestor.ingest(
+    let results = docs.ingestor.ingest(
         inputs,
         &JobProgress {
             jobs: &docs.jobs,
             job,
         },
     );
+    let m = crate::metrics::metrics();
+    let failed = results.iter().any(Result::is_err);
+    for r in &results {
+        if let Ok(Outcome::Ingested { chunks, .. }) = r {
+            m.ingest_chunks.inc_by(*chunks as u64);
+        }
+    }
+    m.ingest_jobs
+        .with_label_values(&[if failed { "failed" } else { "done" }])
+        .inc();
 }
 
 /// Query string of `GET /v1/documents`.
@@ -262,13 +371,23 @@ pub async fn list(
     let q = query.into_inner();
     let limit = q.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
-        return Err(invalid(format!(
-            "limit must be between 1 and 1000, got {limit}"
-        )));
+        return Err(ApiError::invalid_field(
+            "limit",
+            format!("limit must be between 1 and 1000, got {limit}"),
+        ));
     }
     let status = q.status.as_deref();
     if !matches!(status, None | Some("ready" | "ingesting" | "failed")) {
-        return Err(invalid("status must be ready, ingesting or failed"));
+        return Err(ApiError::invalid_field(
+            "status",
+            "status must be ready, ingesting or failed",
+        ));
+    }
+    if let Some(c) = &q.collection {
+        check_collection("collection", c)?;
+    }
+    if let Some(t) = &q.tag {
+        check_tag(t)?;
     }
     let mut out: Vec<serde_json::Value> = Vec::new();
     if q.after.is_none() && status != Some("ready") {
@@ -399,5 +518,9 @@ mod tests {
         assert_eq!(file_name("C:\\docs\\a.md").as_deref(), Some("a.md"));
         assert_eq!(file_name(".."), None);
         assert_eq!(file_name(""), None);
+        assert_eq!(file_name("a\0b.md"), None);
+        assert_eq!(file_name("a\u{7}b.md"), None);
+        assert_eq!(file_name(&"x".repeat(256)), None);
+        assert_eq!(file_name(&"x".repeat(255)).map(|n| n.len()), Some(255));
     }
 }

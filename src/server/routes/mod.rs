@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `POST /v1/query`, `POST /v1/search` | [`query`] |
 //! | `/v1/documents`, `/v1/documents/{id}`, `/v1/jobs/{id}` | [`documents`] |
-//! | `GET /healthz` | [`health`] |
+//! | `GET /healthz`, `GET /readyz`, `GET /metrics` | [`health`] |
 
 pub mod documents;
 pub mod health;
@@ -14,7 +14,10 @@ pub mod query;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 
+use actix_web::middleware::from_fn;
+
 use crate::server::error::{json_error, ApiError};
+use crate::server::limits;
 
 async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
     Err(ApiError::new(
@@ -32,7 +35,8 @@ async fn method_not_allowed(req: HttpRequest) -> Result<HttpResponse, ApiError> 
     ))
 }
 
-/// Every route of the service.
+/// Every route of the service. The API routes run under the load limits ([`limits`]),
+/// per resource: the probes and `/metrics` stay answerable under any load.
 pub fn routes(cfg: &mut web::ServiceConfig, max_body_bytes: usize) {
     cfg.app_data(
         web::JsonConfig::default()
@@ -47,36 +51,54 @@ pub fn routes(cfg: &mut web::ServiceConfig, max_body_bytes: usize) {
         )
         .into()
     }))
+    .app_data(web::PathConfig::default().error_handler(|err, _req| {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", err.to_string()).into()
+    }))
     .service(
         web::resource("/v1/query")
+            .wrap(from_fn(limits::limit))
             .route(web::post().to(query::answer))
             .default_service(web::to(method_not_allowed)),
     )
     .service(
         web::resource("/v1/search")
+            .wrap(from_fn(limits::limit))
             .route(web::post().to(query::search))
             .default_service(web::to(method_not_allowed)),
     )
     .service(
         web::resource("/v1/documents")
+            .wrap(from_fn(limits::limit))
             .route(web::post().to(documents::upload))
             .route(web::get().to(documents::list))
             .default_service(web::to(method_not_allowed)),
     )
     .service(
         web::resource("/v1/documents/{id}")
+            .wrap(from_fn(limits::limit))
             .route(web::delete().to(documents::delete))
             .route(web::get().to(documents::get))
             .default_service(web::to(method_not_allowed)),
     )
     .service(
         web::resource("/v1/jobs/{id}")
+            .wrap(from_fn(limits::limit))
             .route(web::get().to(documents::job))
             .default_service(web::to(method_not_allowed)),
     )
     .service(
         web::resource("/healthz")
             .route(web::get().to(health::healthz))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/readyz")
+            .route(web::get().to(health::readyz))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/metrics")
+            .route(web::get().to(health::prometheus))
             .default_service(web::to(method_not_allowed)),
     )
     .default_service(web::to(not_found));
