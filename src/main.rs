@@ -152,6 +152,22 @@ enum Bench {
         #[command(flatten)]
         common: BenchArgs,
     },
+    /// The real server under a mixed load (searches, answers, document lists, uploads; API
+    /// keys on): statuses and p50/p99 per route, RSS; then the same load with a SIGKILL and
+    /// a restart, checking that every upload acknowledged as done survived.
+    Load {
+        /// Directory of Markdown files for the starting index and the uploads.
+        #[arg(long, default_value = "../shared/data/corpus/rust-book/src")]
+        corpus: PathBuf,
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        /// Seconds of load in each of the two runs.
+        #[arg(long, default_value_t = 120.0)]
+        seconds: f64,
+        /// Seconds into the second run at which the server is SIGKILLed.
+        #[arg(long, default_value_t = 60.0)]
+        kill_after: f64,
+    },
     /// Retrieval latency and throughput through POST /v1/search at several client counts
     /// and index sizes; beside it, a Python peer service over the same index files.
     Query {
@@ -446,6 +462,32 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             })
             .await??;
             print_report(&result, json)
+        }
+        Command::Bench(Bench::Load {
+            corpus,
+            clients,
+            seconds,
+            kill_after,
+        }) => {
+            anyhow::ensure!(
+                clients > 0 && seconds > 0.0 && kill_after > 0.0 && kill_after < seconds,
+                "--clients and --seconds must be positive, --kill-after within --seconds"
+            );
+            let ok = docent::tools::bench::load::run(
+                &config,
+                &docent::tools::bench::load::Options {
+                    docent: std::env::current_exe()?,
+                    corpus,
+                    clients,
+                    duration: std::time::Duration::from_secs_f64(seconds),
+                    kill_after: std::time::Duration::from_secs_f64(kill_after),
+                },
+            )?;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(2)
+            })
         }
         Command::Bench(Bench::Query {
             corpus,

@@ -28,10 +28,24 @@ impl Connection {
         })
     }
 
-    /// Sends one request and reads the whole response: (status, body).
+    /// Sends one JSON request and reads the whole response: (status, body).
     pub fn request(&mut self, method: &str, path: &str, body: &[u8]) -> io::Result<(u16, Vec<u8>)> {
+        self.send(method, path, "application/json", None, body)
+    }
+
+    /// Sends one request with this content type and, when given, `Authorization: Bearer
+    /// key`; reads the whole response: (status, body).
+    pub fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        key: Option<&str>,
+        body: &[u8],
+    ) -> io::Result<(u16, Vec<u8>)> {
+        let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
         let mut request = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\n{auth}Content-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
             self.host,
             body.len()
         )

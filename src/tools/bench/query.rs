@@ -316,9 +316,9 @@ fn index_for(config: &Config, opts: &Options, size: usize) -> anyhow::Result<(Pa
 }
 
 /// A server process, killed when dropped.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    pub(crate) addr: SocketAddr,
 }
 
 impl Drop for Server {
@@ -328,7 +328,7 @@ impl Drop for Server {
     }
 }
 
-fn free_addr() -> anyhow::Result<SocketAddr> {
+pub(crate) fn free_addr() -> anyhow::Result<SocketAddr> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
@@ -425,7 +425,7 @@ fn start_peer(config: &Config, peer: &Peer, store: &str, dir: &Path) -> anyhow::
     wait_ready(spawn(cmd, "the Python peer")?, addr)
 }
 
-fn spawn(mut cmd: Command, what: &str) -> anyhow::Result<Child> {
+pub(crate) fn spawn(mut cmd: Command, what: &str) -> anyhow::Result<Child> {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -435,7 +435,7 @@ fn spawn(mut cmd: Command, what: &str) -> anyhow::Result<Child> {
 
 /// Waits until `GET /healthz` answers 200 (model loading takes seconds; the qdrant-client
 /// peer first loads every point).
-fn wait_ready(child: Child, addr: SocketAddr) -> anyhow::Result<Server> {
+pub(crate) fn wait_ready(child: Child, addr: SocketAddr) -> anyhow::Result<Server> {
     let mut server = Server { child, addr };
     let deadline = Instant::now() + Duration::from_secs(1800);
     loop {

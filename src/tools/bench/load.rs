@@ -1,0 +1,492 @@
+//! `docent bench load`: the real server under a mixed load, then killed and restarted.
+//!
+//! 1. **Load**: `clients` threads (one keep-alive connection each, API keys on) send a mix
+//!    of searches, extractive and generated answers and small uploads for `seconds`.
+//!    Reported per route: requests, statuses, p50/p99 latency; the server's RSS over time;
+//!    5xx answers other than the explicit 503 overload answers count as failures.
+//! 2. **Kill and restart**: the same load, the server SIGKILLed after `kill_after` seconds,
+//!    then started again on the same index. Every upload whose job was reported `done`
+//!    before the kill must be listed and found by a search for its unique marker.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use super::http::Connection;
+use super::query::{free_addr, spawn, wait_ready, Server};
+use crate::config::{ApiKey, Config, Scope};
+
+pub struct Options {
+    pub docent: PathBuf,
+    /// Markdown files the uploads and the starting index are made from.
+    pub corpus: PathBuf,
+    pub clients: usize,
+    pub duration: Duration,
+    /// Seconds into the second run at which the server is SIGKILLed.
+    pub kill_after: Duration,
+}
+
+const KEY: &str = "bench-load-key-0123456789abcdef";
+
+/// What one route saw.
+#[derive(Default, Clone)]
+struct Route {
+    latencies_ms: Vec<f64>,
+    statuses: BTreeMap<u16, usize>,
+    /// Requests that got no HTTP answer (connection refused or reset).
+    no_answer: usize,
+}
+
+#[derive(Default)]
+struct Tally {
+    routes: BTreeMap<&'static str, Route>,
+    /// Upload jobs accepted: (job id, marker).
+    jobs: Vec<(String, String)>,
+}
+
+/// A small deterministic generator (xorshift) per client.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+const QUESTIONS: &[&str] = &[
+    "What is ownership in Rust?",
+    "How do I install Rust on Linux?",
+    "What does the borrow checker do?",
+    "How do I create a new project with Cargo?",
+    "What is a slice?",
+    "How are errors handled with Result?",
+    "What is a trait?",
+    "How do closures capture their environment?",
+];
+
+fn multipart(name: &str, text: &str) -> (String, Vec<u8>) {
+    let boundary = "docentbenchboundary7MA4YWxk";
+    let body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: text/markdown\r\n\r\n{text}\r\n--{boundary}--\r\n"
+    );
+    (
+        format!("multipart/form-data; boundary={boundary}"),
+        body.into_bytes(),
+    )
+}
+
+/// One client's loop until `stop`.
+fn client(
+    addr: std::net::SocketAddr,
+    id: usize,
+    paragraphs: &[String],
+    stop: &AtomicBool,
+    tally: &Mutex<Tally>,
+) {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (id as u64 + 1).wrapping_mul(0x2545_F491_4F6C_DD1D));
+    let mut conn: Option<Connection> = None;
+    let mut n = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let question = QUESTIONS[rng.below(QUESTIONS.len())];
+        let roll = rng.below(100);
+        let (route, method, path, content_type, body, marker) = if roll < 55 {
+            let b = serde_json::json!({"question": question});
+            (
+                "POST /v1/search",
+                "POST",
+                "/v1/search",
+                "application/json".to_string(),
+                b.to_string().into_bytes(),
+                None,
+            )
+        } else if roll < 75 {
+            let b = serde_json::json!({"question": question, "mode": "extractive"});
+            (
+                "POST /v1/query (extractive)",
+                "POST",
+                "/v1/query",
+                "application/json".to_string(),
+                b.to_string().into_bytes(),
+                None,
+            )
+        } else if roll < 87 {
+            let b = serde_json::json!({"question": question, "generation": {"max_tokens": 32}});
+            (
+                "POST /v1/query (generated)",
+                "POST",
+                "/v1/query",
+                "application/json".to_string(),
+                b.to_string().into_bytes(),
+                None,
+            )
+        } else if roll < 95 {
+            (
+                "GET /v1/documents",
+                "GET",
+                "/v1/documents?limit=20",
+                "application/json".to_string(),
+                vec![],
+                None,
+            )
+        } else {
+            let marker = format!("zqmark{id}x{n}q");
+            let text = format!(
+                "# Load test note {id}-{n}\n\nThe marker of this note is {marker}.\n\n{}",
+                paragraphs[rng.below(paragraphs.len())]
+            );
+            let (ct, body) = multipart(&format!("load-{id}-{n}.md"), &text);
+            (
+                "POST /v1/documents",
+                "POST",
+                "/v1/documents",
+                ct,
+                body,
+                Some(marker),
+            )
+        };
+        if conn.is_none() {
+            conn = Connection::open(addr).ok();
+        }
+        let started = Instant::now();
+        let answer = match conn.as_mut() {
+            Some(c) => c.send(method, path, &content_type, Some(KEY), &body),
+            None => Err(std::io::Error::other("no connection")),
+        };
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
+        let r = t.routes.entry(route).or_default();
+        match answer {
+            Ok((status, body)) => {
+                r.latencies_ms.push(ms);
+                *r.statuses.entry(status).or_default() += 1;
+                if status == 202 {
+                    if let (Some(m), Ok(v)) =
+                        (marker, serde_json::from_slice::<serde_json::Value>(&body))
+                    {
+                        if let Some(job) = v["job_id"].as_str() {
+                            t.jobs.push((job.to_string(), m));
+                        }
+                    }
+                }
+            }
+            Err(_) => {
+                r.no_answer += 1;
+                conn = None;
+                drop(t);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// VmRSS of a process, MiB.
+fn rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Paragraphs of the corpus's Markdown files, for uploads.
+fn paragraphs(corpus: &Path) -> anyhow::Result<Vec<String>> {
+    let mut out = vec![];
+    for entry in
+        std::fs::read_dir(corpus).with_context(|| format!("reading {}", corpus.display()))?
+    {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "md") {
+            let text = std::fs::read_to_string(&path)?;
+            out.extend(
+                text.split("\n\n")
+                    .filter(|p| p.len() > 200 && p.len() < 1200 && !p.starts_with('#'))
+                    .map(str::to_string),
+            );
+        }
+    }
+    anyhow::ensure!(!out.is_empty(), "no paragraphs in {}", corpus.display());
+    Ok(out)
+}
+
+/// Starts `docent serve` on `dir` with the bench key.
+fn start(opts: &Options, file: &Path) -> anyhow::Result<Server> {
+    let addr = free_addr()?;
+    let mut cmd = Command::new(&opts.docent);
+    cmd.arg("--config")
+        .arg(file)
+        .arg("serve")
+        .args(["--bind", &addr.to_string()]);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("DOCENT_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("RUST_LOG", "warn");
+    wait_ready(spawn(cmd, "docent serve")?, addr)
+}
+
+struct RunResult {
+    tally: Tally,
+    rss: Vec<f64>,
+    seconds: f64,
+    /// Jobs reported done before the end (or the kill): (job id, marker, document id).
+    done: Vec<(String, String, String)>,
+}
+
+/// Job ids reported done, with their document id.
+fn poll_jobs(
+    addr: std::net::SocketAddr,
+    jobs: &[(String, String)],
+    done: &mut BTreeMap<String, (String, String)>,
+) {
+    let Ok(mut c) = Connection::open(addr) else {
+        return;
+    };
+    for (job, marker) in jobs {
+        if done.contains_key(job) {
+            continue;
+        }
+        if let Ok((200, body)) = c.send(
+            "GET",
+            &format!("/v1/jobs/{job}"),
+            "application/json",
+            Some(KEY),
+            b"",
+        ) {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) {
+                if v["status"] == "done" {
+                    let doc = v["documents"][0]["id"].as_str().unwrap_or("").to_string();
+                    done.insert(job.clone(), (marker.clone(), doc));
+                }
+            }
+        }
+    }
+}
+
+/// Runs the load for `duration`; with `kill_after`, SIGKILLs the server then.
+fn run_load(
+    opts: &Options,
+    server: &mut Server,
+    paragraphs: &[String],
+    duration: Duration,
+    kill_after: Option<Duration>,
+) -> RunResult {
+    let stop = AtomicBool::new(false);
+    let tally = Mutex::new(Tally::default());
+    let mut rss = vec![];
+    let mut done = BTreeMap::new();
+    let started = Instant::now();
+    let addr = server.addr;
+    std::thread::scope(|s| {
+        for id in 0..opts.clients {
+            let (stop, tally) = (&stop, &tally);
+            s.spawn(move || client(addr, id, paragraphs, stop, tally));
+        }
+        let end = started + duration;
+        while Instant::now() < end {
+            std::thread::sleep(Duration::from_secs(1));
+            if let Some(r) = rss_mib(server.child.id()) {
+                rss.push(r);
+            }
+            let jobs = tally.lock().unwrap_or_else(|p| p.into_inner()).jobs.clone();
+            poll_jobs(addr, &jobs, &mut done);
+            if kill_after.is_some_and(|k| started.elapsed() >= k) {
+                let _ = server.child.kill(); // SIGKILL
+                let _ = server.child.wait();
+                break;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    RunResult {
+        tally: tally.into_inner().unwrap_or_else(|p| p.into_inner()),
+        rss,
+        seconds: started.elapsed().as_secs_f64(),
+        done: done.into_iter().map(|(j, (m, d))| (j, m, d)).collect(),
+    }
+}
+
+fn report(title: &str, r: &RunResult) -> usize {
+    println!("{title}: {:.0} s", r.seconds);
+    println!(
+        "{:<30} {:>8} {:>7} {:>7} {:>7} {:>7} {:>9} {:>9} {:>9}",
+        "route", "requests", "2xx", "429", "503", "5xx", "no answer", "p50 ms", "p99 ms"
+    );
+    let mut bad = 0;
+    for (route, data) in &r.tally.routes {
+        let mut l = data.latencies_ms.clone();
+        l.sort_by(f64::total_cmp);
+        let count = |f: &dyn Fn(u16) -> bool| {
+            data.statuses
+                .iter()
+                .filter(|(s, _)| f(**s))
+                .map(|(_, n)| n)
+                .sum::<usize>()
+        };
+        let other_5xx = count(&|s| s >= 500 && s != 503);
+        bad += other_5xx;
+        println!(
+            "{:<30} {:>8} {:>7} {:>7} {:>7} {:>7} {:>9} {:>9.1} {:>9.1}",
+            route,
+            l.len() + data.no_answer,
+            count(&|s| (200..300).contains(&s)),
+            count(&|s| s == 429),
+            count(&|s| s == 503),
+            other_5xx,
+            data.no_answer,
+            percentile(&l, 0.5),
+            percentile(&l, 0.99)
+        );
+        let others: Vec<String> = data
+            .statuses
+            .iter()
+            .filter(|(s, _)| !(200..300).contains(*s) && **s != 429 && **s < 500)
+            .map(|(s, n)| format!("{s}×{n}"))
+            .collect();
+        if !others.is_empty() {
+            println!("{:<30} other statuses: {}", "", others.join(", "));
+        }
+    }
+    let first = r.rss.first().copied().unwrap_or(f64::NAN);
+    let peak = r.rss.iter().copied().fold(f64::NAN, f64::max);
+    let last = r.rss.last().copied().unwrap_or(f64::NAN);
+    println!(
+        "server RSS: {first:.0} MiB after 1 s, peak {peak:.0} MiB, {last:.0} MiB at the end; uploads accepted {}, done {}",
+        r.tally.jobs.len(),
+        r.done.len()
+    );
+    bad
+}
+
+pub fn run(config: &Config, opts: &Options) -> anyhow::Result<bool> {
+    let paragraphs = paragraphs(&opts.corpus)?;
+    let tmp = std::env::temp_dir().join(format!("docent-bench-load-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp)?;
+    let _cleanup = super::RemoveOnDrop(tmp.clone());
+    let mut config = config.clone();
+    config.data_dir = tmp.join("index");
+    config.auth.keys = vec![ApiKey {
+        name: "bench".into(),
+        scope: Scope::Write,
+        hash: crate::config::hash_key(KEY),
+    }];
+    config.auth.rate_per_minute = 0;
+    let file = tmp.join("bench-load.toml");
+    std::fs::write(&file, toml::to_string(&config)?)?;
+    // a starting index: the corpus's first chapters through the CLI
+    let mut first: Vec<PathBuf> = std::fs::read_dir(&opts.corpus)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    first.sort();
+    first.truncate(12);
+    let status = Command::new(&opts.docent)
+        .arg("--config")
+        .arg(&file)
+        .arg("ingest")
+        .args(&first)
+        .env("RUST_LOG", "warn")
+        .status()?;
+    anyhow::ensure!(status.success(), "ingesting the starting index failed");
+    println!(
+        "load: {} clients, 55 % search, 20 % extractive answers, 12 % generated answers (32 tokens), 8 % document lists, 5 % uploads; API keys on",
+        opts.clients
+    );
+
+    let mut server = start(opts, &file)?;
+    let load = run_load(opts, &mut server, &paragraphs, opts.duration, None);
+    let bad = report("load", &load);
+    drop(server);
+
+    let mut server = start(opts, &file)?;
+    let killed = run_load(
+        opts,
+        &mut server,
+        &paragraphs,
+        opts.duration,
+        Some(opts.kill_after),
+    );
+    report(
+        &format!(
+            "kill: SIGKILL after {:.0} s of the same load",
+            opts.kill_after.as_secs_f64()
+        ),
+        &killed,
+    );
+    drop(server);
+    let restarted = Instant::now();
+    let server = start(opts, &file)?;
+    println!(
+        "restart: ready in {:.1} s",
+        restarted.elapsed().as_secs_f64()
+    );
+    let mut c = Connection::open(server.addr)?;
+    let mut lost = vec![];
+    for (_, marker, doc) in &killed.done {
+        let (status, _) = c.send(
+            "GET",
+            &format!("/v1/documents/{doc}"),
+            "application/json",
+            Some(KEY),
+            b"",
+        )?;
+        let body = serde_json::json!({"question": format!("The marker of this note is {marker}."), "retrieval": {"top_k": 3, "mode": "sparse"}});
+        let (_, hits) = c.send(
+            "POST",
+            "/v1/search",
+            "application/json",
+            Some(KEY),
+            body.to_string().as_bytes(),
+        )?;
+        let hits: serde_json::Value = serde_json::from_slice(&hits).unwrap_or_default();
+        let found = hits["hits"].as_array().is_some_and(|h| {
+            h.iter().any(|h| {
+                h["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains(marker.as_str()))
+            })
+        });
+        if status != 200 || !found {
+            lost.push(format!(
+                "{doc} ({marker}): GET {status}, found by search: {found}"
+            ));
+        }
+    }
+    println!(
+        "kill-restart: {} uploads acknowledged as done before the kill; {} intact and found by search; lost: {}",
+        killed.done.len(),
+        killed.done.len() - lost.len(),
+        if lost.is_empty() { "none".to_string() } else { lost.join("; ") }
+    );
+    let (status, _) = c.send(
+        "POST",
+        "/v1/query",
+        "application/json",
+        Some(KEY),
+        br#"{"question": "What is ownership in Rust?", "mode": "extractive"}"#,
+    )?;
+    println!("after the restart a query answers {status}");
+    Ok(bad == 0 && lost.is_empty() && status == 200)
+}
