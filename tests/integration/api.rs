@@ -64,17 +64,26 @@ async fn answers_with_a_citation_of_the_document_that_holds_the_answer() {
 }
 
 #[tokio::test]
-async fn healthz_reports_the_index() {
+async fn readyz_reports_the_index_and_healthz_only_liveness() {
     let app = app();
     let res = client()
-        .get(format!("{}/healthz", app.address))
+        .get(format!("{}/readyz", app.address))
         .send()
         .await
         .unwrap();
     assert_eq!(res.status(), 200);
     let body: Value = res.json().await.unwrap();
-    assert_eq!(body["status"], "ok");
+    assert_eq!(body["status"], "ready");
     assert!(body["chunks"].as_u64().unwrap() > 10, "{body}");
+    assert!(
+        body["models"]["generation"]
+            .as_str()
+            .unwrap()
+            .ends_with(".gguf"),
+        "{body}"
+    );
+    let live = get_json(&client(), &format!("{}/healthz", app.address)).await;
+    assert_eq!(live, json!({"status": "ok"}));
 }
 
 async fn expect_error(req: reqwest::RequestBuilder, status: u16, code: &str) {

@@ -377,6 +377,13 @@ fn report(title: &str, r: &RunResult) -> usize {
         r.tally.jobs.len(),
         r.done.len()
     );
+    let every: Vec<String> = r
+        .rss
+        .iter()
+        .step_by(30)
+        .map(|m| format!("{m:.0}"))
+        .collect();
+    println!("server RSS every 30 s, MiB: {}", every.join(", "));
     bad
 }
 
