@@ -190,17 +190,26 @@ fn client(
     }
 }
 
-/// VmRSS of a process, MiB.
-fn rss_mib(pid: u32) -> Option<f64> {
+/// A field of `/proc/PID/status` in MiB (`VmRSS`, `RssAnon`, `RssFile`).
+fn status_mib(pid: u32, field: &str) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kb: f64 = status
         .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
+        .find(|l| l.starts_with(field) && l[field.len()..].starts_with(':'))?
         .split_whitespace()
         .nth(1)?
         .parse()
         .ok()?;
     Some(kb / 1024.0)
+}
+
+/// RSS of a process, MiB: (total, anonymous, file-backed such as the store's mmaps).
+fn rss_mib(pid: u32) -> Option<(f64, f64, f64)> {
+    Some((
+        status_mib(pid, "VmRSS")?,
+        status_mib(pid, "RssAnon")?,
+        status_mib(pid, "RssFile")?,
+    ))
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -249,7 +258,8 @@ fn start(opts: &Options, file: &Path) -> anyhow::Result<Server> {
 
 struct RunResult {
     tally: Tally,
-    rss: Vec<f64>,
+    /// (total, anonymous, file-backed) MiB, one sample a second.
+    rss: Vec<(f64, f64, f64)>,
     seconds: f64,
     /// Jobs reported done before the end (or the kill): (job id, marker, document id).
     done: Vec<(String, String, String)>,
@@ -369,9 +379,9 @@ fn report(title: &str, r: &RunResult) -> usize {
             println!("{:<30} other statuses: {}", "", others.join(", "));
         }
     }
-    let first = r.rss.first().copied().unwrap_or(f64::NAN);
-    let peak = r.rss.iter().copied().fold(f64::NAN, f64::max);
-    let last = r.rss.last().copied().unwrap_or(f64::NAN);
+    let first = r.rss.first().map_or(f64::NAN, |r| r.0);
+    let peak = r.rss.iter().map(|r| r.0).fold(f64::NAN, f64::max);
+    let last = r.rss.last().map_or(f64::NAN, |r| r.0);
     println!(
         "server RSS: {first:.0} MiB after 1 s, peak {peak:.0} MiB, {last:.0} MiB at the end; uploads accepted {}, done {}",
         r.tally.jobs.len(),
@@ -381,7 +391,7 @@ fn report(title: &str, r: &RunResult) -> usize {
         .rss
         .iter()
         .step_by(30)
-        .map(|m| format!("{m:.0}"))
+        .map(|(t, a, f)| format!("{t:.0} ({a:.0} anon + {f:.0} file)"))
         .collect();
     println!("server RSS every 30 s, MiB: {}", every.join(", "));
     bad
