@@ -125,7 +125,7 @@ ENV DOCENT_SERVER__BIND=0.0.0.0:8080 \
 USER 10001:10001
 EXPOSE 8080
 HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
-  CMD ["sh", "-c", "curl -fsS --max-time 4 \"http://127.0.0.1:${DOCENT_SERVER__BIND##*:}/healthz\" >/dev/null || exit 1"]
+  CMD ["sh", "-c", "curl -fsS --max-time 4 \"http://127.0.0.1:${DOCENT_SERVER__BIND##*:}/readyz\" >/dev/null || exit 1"]
 ENTRYPOINT ["docent"]
 CMD ["serve"]
 
@@ -153,6 +153,6 @@ ENV DOCENT_SERVER__BIND=0.0.0.0:8080 \
 USER 10001:10001
 EXPOSE 8080
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
-  CMD ["sh", "-c", "curl -fsS --max-time 4 \"http://127.0.0.1:${DOCENT_SERVER__BIND##*:}/healthz\" >/dev/null || exit 1"]
+  CMD ["sh", "-c", "curl -fsS --max-time 4 \"http://127.0.0.1:${DOCENT_SERVER__BIND##*:}/readyz\" >/dev/null || exit 1"]
 ENTRYPOINT ["docent"]
 CMD ["serve"]
