@@ -27,7 +27,7 @@ pub enum ConfigError {
 
 use crate::query::generate::{
     default_isa, default_kernels, default_kv_cache, default_max_queue, default_prefill_chunk,
-    default_prefix_cache_mib,
+    default_prefix_cache_mib, yes,
 };
 pub use crate::query::generate::{DraftConfig, GenerationConfig};
 pub use crate::query::retrieve::MAX_NEIGHBORS;
@@ -117,9 +117,6 @@ pub struct AuthConfig {
     pub burst: u32,
 }
 
-fn yes() -> bool {
-    true
-}
 fn default_rate_per_minute() -> u32 {
     600
 }

@@ -85,6 +85,18 @@ fn multipart(name: &str, text: &str) -> (String, Vec<u8>) {
     )
 }
 
+/// One request of the mix.
+struct Op {
+    /// The row it is reported in.
+    route: &'static str,
+    method: &'static str,
+    path: &'static str,
+    content_type: String,
+    body: Vec<u8>,
+    /// An upload's unique marker, searched for after the restart.
+    marker: Option<String>,
+}
+
 /// One client's loop until `stop`.
 fn client(
     addr: std::net::SocketAddr,
@@ -100,44 +112,45 @@ fn client(
         n += 1;
         let question = QUESTIONS[rng.below(QUESTIONS.len())];
         let roll = rng.below(100);
-        let (route, method, path, content_type, body, marker) = if roll < 55 {
-            let b = serde_json::json!({"question": question});
-            (
+        let json = |route, method, path, body: serde_json::Value| Op {
+            route,
+            method,
+            path,
+            content_type: "application/json".to_string(),
+            body: if body.is_null() {
+                vec![]
+            } else {
+                body.to_string().into_bytes()
+            },
+            marker: None,
+        };
+        let op = if roll < 55 {
+            json(
                 "POST /v1/search",
                 "POST",
                 "/v1/search",
-                "application/json".to_string(),
-                b.to_string().into_bytes(),
-                None,
+                serde_json::json!({"question": question}),
             )
         } else if roll < 75 {
-            let b = serde_json::json!({"question": question, "mode": "extractive"});
-            (
+            json(
                 "POST /v1/query (extractive)",
                 "POST",
                 "/v1/query",
-                "application/json".to_string(),
-                b.to_string().into_bytes(),
-                None,
+                serde_json::json!({"question": question, "mode": "extractive"}),
             )
         } else if roll < 87 {
-            let b = serde_json::json!({"question": question, "generation": {"max_tokens": 32}});
-            (
+            json(
                 "POST /v1/query (generated)",
                 "POST",
                 "/v1/query",
-                "application/json".to_string(),
-                b.to_string().into_bytes(),
-                None,
+                serde_json::json!({"question": question, "generation": {"max_tokens": 32}}),
             )
         } else if roll < 95 {
-            (
+            json(
                 "GET /v1/documents",
                 "GET",
                 "/v1/documents?limit=20",
-                "application/json".to_string(),
-                vec![],
-                None,
+                serde_json::Value::Null,
             )
         } else {
             let marker = format!("zqmark{id}x{n}q");
@@ -145,16 +158,24 @@ fn client(
                 "# Load test note {id}-{n}\n\nThe marker of this note is {marker}.\n\n{}",
                 paragraphs[rng.below(paragraphs.len())]
             );
-            let (ct, body) = multipart(&format!("load-{id}-{n}.md"), &text);
-            (
-                "POST /v1/documents",
-                "POST",
-                "/v1/documents",
-                ct,
+            let (content_type, body) = multipart(&format!("load-{id}-{n}.md"), &text);
+            Op {
+                route: "POST /v1/documents",
+                method: "POST",
+                path: "/v1/documents",
+                content_type,
                 body,
-                Some(marker),
-            )
+                marker: Some(marker),
+            }
         };
+        let Op {
+            route,
+            method,
+            path,
+            content_type,
+            body,
+            marker,
+        } = op;
         if conn.is_none() {
             conn = Connection::open(addr).ok();
         }
