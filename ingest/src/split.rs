@@ -119,7 +119,9 @@ impl Splitter {
         self.split_in_sections(doc, SECTION_BYTES)
     }
 
-    fn split_in_sections(&self, doc: &Document, section_bytes: usize) -> Vec<Chunk> {
+    /// [`Splitter::split`] with another section size (tests and fuzzing use small ones to
+    /// reach the section cut with short inputs).
+    pub fn split_in_sections(&self, doc: &Document, section_bytes: usize) -> Vec<Chunk> {
         let sections = sections(&doc.text, section_bytes);
         let workers = std::thread::available_parallelism()
             .map(|n| n.get())
@@ -165,16 +167,20 @@ impl Splitter {
 /// chunk, and tokenizing each of them was most of the ingest pipeline's work outside the
 /// model (3.3 s of 19 s for the Rust Book with the int8 model).
 ///
-/// This equals tokenizing the chunk alone when the chunk starts and ends between tokens,
+/// This equals tokenizing the chunk alone when the chunk starts and ends between words,
 /// because the model's pre-tokenizer splits on whitespace and punctuation first (BERT);
-/// when a token straddles a chunk boundary, or the chunk is not a slice of the section,
-/// the chunk is tokenized on its own. Tests compare both ways on real text.
+/// when a token straddles a chunk boundary, the chunk cuts a word (a control character
+/// the normaliser deletes joins `a\0b` into one word: found by fuzzing), or the chunk is
+/// not a slice of the section, the chunk is tokenized on its own. Tests compare both ways
+/// on real text.
 struct SectionSizer<'a> {
     tokenizer: &'a Tokenizer,
     base: usize,
     len: usize,
     starts: Vec<usize>,
     ends: Vec<usize>,
+    /// The pre-tokenizer's word of each token.
+    words: Vec<Option<u32>>,
 }
 
 impl<'a> SectionSizer<'a> {
@@ -188,12 +194,13 @@ impl<'a> SectionSizer<'a> {
                 .iter()
                 .zip(&ends)
                 .all(|(s, e)| s <= e && *e <= section.len());
-        ordered.then_some(SectionSizer {
+        ordered.then(|| SectionSizer {
             tokenizer,
             base: section.as_ptr() as usize,
             len: section.len(),
             starts,
             ends,
+            words: enc.get_word_ids().to_vec(),
         })
     }
 
@@ -213,7 +220,14 @@ impl ChunkSizer for SectionSizer<'_> {
         let past = self.ends.partition_point(|&e| e <= b);
         let straddles_start = first > 0 && self.ends[first - 1] > a;
         let straddles_end = past < self.starts.len() && self.starts[past] < b;
-        if straddles_start || straddles_end {
+        // tokens `i - 1` and `i` are pieces of one word
+        let joined = |i: usize| {
+            i > 0
+                && i < self.words.len()
+                && self.words[i].is_some()
+                && self.words[i] == self.words[i - 1]
+        };
+        if straddles_start || straddles_end || joined(first) || joined(past) {
             return self.exact(chunk);
         }
         past.saturating_sub(first)

@@ -68,9 +68,17 @@ impl QueryEngine {
             Prepared::Ready(ready) => {
                 tokio::spawn(async move { engine.replay(*ready, started, tx).await });
             }
-            Prepared::Answer(p) => {
+            Prepared::Answer(mut p) => {
                 let stream = match &p.prompt {
-                    Some(prompt) => Some(self.generator.stream(prompt, &p.q.params).await?),
+                    Some(prompt) => {
+                        let mut stream = self.generator.stream(prompt, &p.q.params).await?;
+                        // the queue place is free again when the engine lets go of the
+                        // sequence, not when the answer is abandoned
+                        if let Some(slot) = p.slot.take() {
+                            stream.hold(slot);
+                        }
+                        Some(stream)
+                    }
                     None => None,
                 };
                 tokio::spawn(async move { engine.drive(*p, stream, tx).await });
@@ -294,7 +302,7 @@ impl QueryEngine {
             cache_key,
             version,
             safety,
-            _slot: slot,
+            slot,
         })))
     }
 
@@ -816,6 +824,7 @@ struct Pending {
     version: u64,
     /// What the safety filter found and did.
     safety: SafetyReport,
-    /// The place in the bounded queue, held until the answer is done.
-    _slot: Option<OwnedSemaphorePermit>,
+    /// The place in the bounded queue, held until the answer is done (by the generation
+    /// stream once there is one).
+    slot: Option<OwnedSemaphorePermit>,
 }

@@ -448,9 +448,20 @@ pub struct GenerationStream {
     finished: bool,
     /// `Done`, held back while the text of the last chunk is delivered.
     pending_done: Option<Generation>,
+    /// Released only once the engine has let go of the sequence (see [`Self::hold`]).
+    held: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl GenerationStream {
+    /// Keeps `permit` (a place in the generation queue) until the engine is done with the
+    /// sequence, also when this stream is dropped early: a cancelled sequence lives on in
+    /// the engine until its next step, so releasing the place at once would let abandoned
+    /// requests (timeouts, clients gone) pile up in the engine, with their memory, beyond
+    /// `generation.max_queue` (seen under load).
+    pub fn hold(&mut self, permit: tokio::sync::OwnedSemaphorePermit) {
+        self.held = Some(permit);
+    }
+
     /// The next event; `None` after `Done` or an error.
     pub async fn next(&mut self) -> Option<Result<StreamEvent, GenerateError>> {
         if let Some(done) = self.pending_done.take() {
@@ -515,10 +526,12 @@ impl Drop for GenerationStream {
         // Closing the channel makes the engine's next send fail, which cancels the
         // sequence; the channel reports its end once the engine has dropped the sequence.
         rx.close();
+        let held = self.held.take();
         let wait = async move {
             while rx.recv().await.is_some() {}
             counters.cancelled.fetch_add(1, Ordering::Relaxed);
             counters.active.fetch_sub(1, Ordering::Relaxed);
+            drop(held);
         };
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
@@ -787,6 +800,7 @@ impl Generator {
             counters: self.counters.clone(),
             finished: false,
             pending_done: None,
+            held: None,
         })
     }
 

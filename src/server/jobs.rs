@@ -1,7 +1,9 @@
 //! Ingest jobs started over HTTP: what each one is doing, for `GET /v1/jobs/{id}`.
-//! Kept in memory; a restart forgets finished jobs (the documents stay in the index).
+//! Kept in memory; a restart forgets finished jobs (the documents stay in the index), and
+//! only the latest [`KEPT_FINISHED`] finished jobs are kept, so that a long-running server's
+//! memory does not grow with every upload.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use serde::Serialize;
@@ -38,9 +40,31 @@ pub struct Job {
     pub documents: Vec<JobDocument>,
 }
 
+impl Job {
+    fn finished(&self) -> bool {
+        matches!(self.status, Status::Done | Status::Failed)
+    }
+}
+
+/// Finished jobs kept for `GET /v1/jobs/{id}`; older ones are forgotten (404).
+pub const KEPT_FINISHED: usize = 10_000;
+
 #[derive(Default)]
+struct Table {
+    jobs: HashMap<String, Job>,
+    /// Finished jobs, oldest first.
+    finished: VecDeque<String>,
+}
+
 pub struct Jobs {
-    jobs: Mutex<HashMap<String, Job>>,
+    table: Mutex<Table>,
+    keep: usize,
+}
+
+impl Default for Jobs {
+    fn default() -> Self {
+        Jobs::keeping(KEPT_FINISHED)
+    }
 }
 
 /// A job id: a random (v4) UUID.
@@ -49,6 +73,14 @@ fn new_id() -> String {
 }
 
 impl Jobs {
+    /// A table that keeps the latest `keep` finished jobs.
+    pub fn keeping(keep: usize) -> Self {
+        Jobs {
+            table: Mutex::default(),
+            keep,
+        }
+    }
+
     /// Registers a queued job for documents `(id, source)`.
     pub fn create(&self, documents: &[(String, String)]) -> String {
         let id = new_id();
@@ -69,18 +101,21 @@ impl Jobs {
                 })
                 .collect(),
         };
-        self.lock().insert(id.clone(), job);
+        self.lock().jobs.insert(id.clone(), job);
         id
     }
 
     pub fn get(&self, id: &str) -> Option<Job> {
-        self.lock().get(id).cloned()
+        self.lock().jobs.get(id).cloned()
     }
 
     /// Applies `f` to document `doc` of job `id` and recomputes the job's totals.
     pub fn update(&self, id: &str, doc: usize, f: impl FnOnce(&mut JobDocument)) {
-        let mut jobs = self.lock();
-        let Some(job) = jobs.get_mut(id) else { return };
+        let mut table = self.lock();
+        let Some(job) = table.jobs.get_mut(id) else {
+            return;
+        };
+        let was_finished = job.finished();
         if let Some(d) = job.documents.get_mut(doc) {
             f(d);
         }
@@ -103,11 +138,19 @@ impl Jobs {
         } else {
             Status::Running
         };
+        if job.finished() && !was_finished {
+            table.finished.push_back(id.to_string());
+            while table.finished.len() > self.keep {
+                if let Some(old) = table.finished.pop_front() {
+                    table.jobs.remove(&old);
+                }
+            }
+        }
     }
 
     /// Whether any unfinished job holds document `id`.
     pub fn in_progress(&self, id: &str) -> bool {
-        self.lock().values().any(|j| {
+        self.lock().jobs.values().any(|j| {
             j.documents
                 .iter()
                 .any(|d| d.id == id && matches!(d.status, Status::Queued | Status::Running))
@@ -116,9 +159,9 @@ impl Jobs {
 
     /// Documents of all jobs that are queued, running or failed (the latest entry per id).
     pub fn unfinished_or_failed(&self) -> Vec<JobDocument> {
-        let jobs = self.lock();
+        let table = self.lock();
         let mut out: Vec<JobDocument> = Vec::new();
-        for d in jobs.values().flat_map(|j| j.documents.iter()) {
+        for d in table.jobs.values().flat_map(|j| j.documents.iter()) {
             if matches!(d.status, Status::Queued | Status::Running | Status::Failed) {
                 out.retain(|o| o.id != d.id);
                 out.push(d.clone());
@@ -128,8 +171,8 @@ impl Jobs {
         out
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Job>> {
-        self.jobs.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -161,5 +204,26 @@ mod tests {
         assert_eq!(jobs.get(&id).unwrap().status, Status::Failed);
         assert!(!jobs.in_progress("a"));
         assert!(jobs.get("nope").is_none());
+    }
+
+    #[test]
+    fn only_the_latest_finished_jobs_are_kept() {
+        let jobs = Jobs::keeping(2);
+        let ids: Vec<String> = (0..4)
+            .map(|i| jobs.create(&[(format!("d{i}"), "s".into())]))
+            .collect();
+        jobs.update(&ids[3], 0, |d| d.status = Status::Running);
+        for id in &ids[..3] {
+            jobs.update(id, 0, |d| d.status = Status::Done);
+        }
+        // the oldest finished job is forgotten; the running one is never dropped
+        assert!(jobs.get(&ids[0]).is_none());
+        assert!(jobs.get(&ids[1]).is_some() && jobs.get(&ids[2]).is_some());
+        assert_eq!(jobs.get(&ids[3]).unwrap().status, Status::Running);
+        // a finished job updated again is not counted twice
+        jobs.update(&ids[2], 0, |d| d.chunks_done = 1);
+        assert!(jobs.get(&ids[1]).is_some());
+        jobs.update(&ids[3], 0, |d| d.status = Status::Failed);
+        assert!(jobs.get(&ids[1]).is_none() && jobs.get(&ids[3]).is_some());
     }
 }

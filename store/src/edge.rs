@@ -41,6 +41,11 @@ struct Inner {
     catalog: EdgeShard,
     mirror: parking_lot::RwLock<BTreeMap<(String, String), Value>>,
     dir: PathBuf,
+    /// Held shared by every engine call and exclusively by flushes: qdrant-edge's
+    /// `EdgeShard::flush` takes its WAL and segment locks with `try_lock(...).expect(...)`,
+    /// so a flush that meets a concurrent write panics (found under load: an upload's
+    /// flush while another upload was writing).
+    gate: parking_lot::RwLock<()>,
 }
 
 const CATALOG_VECTOR: &str = "k";
@@ -123,23 +128,54 @@ impl EdgeIndex {
                 catalog,
                 mirror: parking_lot::RwLock::new(mirror),
                 dir: dir.to_path_buf(),
+                gate: parking_lot::RwLock::new(()),
             }),
         })
     }
 
-    /// Runs `f` with the engine on a blocking thread (inline outside a runtime).
+    /// Runs `f` with the engine on a blocking thread (inline outside a runtime), beside
+    /// other calls but never beside a flush.
     async fn run<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&Inner) -> Result<T> + Send + 'static,
     {
+        self.on_engine(false, f).await
+    }
+
+    /// Runs a flush: alone, once the calls in flight have finished.
+    async fn run_flush<F>(&self, f: F) -> Result<()>
+    where
+        F: FnOnce(&Inner) + Send + 'static,
+    {
+        self.on_engine(true, move |i| {
+            f(i);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn on_engine<T, F>(&self, exclusive: bool, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Inner) -> Result<T> + Send + 'static,
+    {
         let inner = self.inner.clone();
+        let call = move || {
+            if exclusive {
+                let _alone = inner.gate.write();
+                f(&inner)
+            } else {
+                let _shared = inner.gate.read();
+                f(&inner)
+            }
+        };
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => handle
-                .spawn_blocking(move || f(&inner))
+                .spawn_blocking(call)
                 .await
                 .map_err(|e| Error::Engine(format!("a store task failed: {e}")))?,
-            Err(_) => f(&inner),
+            Err(_) => call(),
         }
     }
 }
@@ -553,10 +589,9 @@ impl VectorIndex for EdgeIndex {
     }
 
     async fn flush(&self) -> Result<()> {
-        self.run(|i| {
+        self.run_flush(|i| {
             i.shard.flush();
             i.catalog.flush();
-            Ok(())
         })
         .await
     }
@@ -615,11 +650,7 @@ impl VectorIndex for EdgeIndex {
     }
 
     async fn sync_catalog(&self) -> Result<()> {
-        self.run(|i| {
-            i.catalog.flush();
-            Ok(())
-        })
-        .await
+        self.run_flush(|i| i.catalog.flush()).await
     }
 
     async fn catalog_list(&self, kind: &str) -> Result<Vec<(String, Value)>> {
@@ -676,6 +707,46 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(err.contains("another embedding model"), "{err}");
+    }
+
+    #[test]
+    fn flushes_beside_concurrent_writes_neither_panic_nor_fail() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = Arc::new(EdgeIndex::open(dir.path(), 3).unwrap());
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .enable_all()
+            .build()
+            .unwrap();
+        let point = |id: u64| Point {
+            id,
+            dense: vec![1.0, id as f32, 0.5],
+            sparse: crate::SparseVector {
+                indices: vec![1, 2],
+                values: vec![0.5, 1.0],
+            },
+            payload: Default::default(),
+        };
+        rt.block_on(async {
+            let mut tasks = Vec::new();
+            for t in 0..4u64 {
+                let index = index.clone();
+                tasks.push(tokio::spawn(async move {
+                    for n in 0..40u64 {
+                        let id = t * 1000 + n;
+                        index.upsert(vec![point(id)]).await?;
+                        index.flush().await?;
+                        index.catalog_put("k", &format!("{id}"), json!(id)).await?;
+                        index.sync_catalog().await?;
+                    }
+                    Ok::<_, Error>(())
+                }));
+            }
+            for t in tasks {
+                t.await.expect("no panic").expect("no error");
+            }
+        });
+        assert_eq!(rt.block_on(index.catalog_list("k")).unwrap().len(), 160);
     }
 
     #[test]

@@ -218,6 +218,37 @@ fn ingest_benchmark_runs_docent_and_the_raw_session_over_the_same_chunks() {
     assert!(table.contains("% of the raw session"), "{table}");
 }
 
+/// Found by fuzzing: a control character that the tokenizer's normaliser deletes joins the
+/// words around it (`conscience\u{8}\0nd` is one word), so a chunk cut there counted
+/// fewer tokens from the section's tokenization than it has on its own.
+#[test]
+fn chunks_cut_inside_a_word_are_counted_on_their_own() {
+    use docent_ingest::load::{Document, Format};
+    use docent_ingest::split::{sizing_tokenizer, Splitter};
+    let tok = Arc::new(
+        sizing_tokenizer(&crate::helpers::models().join("all-MiniLM-L6-v2/tokenizer.json"))
+            .unwrap(),
+    );
+    let text = "They are endowed with reason and conscience\u{8}\0nd should act towards one another in a spirit of brotherhood.";
+    let doc = Document::from_text("/x.md", text.to_string(), Format::Markdown);
+    for max in [1, 2, 3] {
+        let fast = Splitter::new(tok.clone(), max, 0, 256).unwrap();
+        let exact = Splitter::new(tok.clone(), max, 0, 256)
+            .unwrap()
+            .with_exact_sizing();
+        let chunks = fast.split(&doc);
+        for c in &chunks {
+            let n = fast.count_tokens(&c.text).unwrap();
+            assert!(
+                n <= max || c.text.trim().chars().count() == 1,
+                "{:?} has {n} tokens, over {max}",
+                c.text
+            );
+        }
+        assert_eq!(chunks, exact.split(&doc), "budget {max}");
+    }
+}
+
 /// The splitter counts tokens from one tokenization per section; tokenizing every
 /// candidate chunk (text-splitter's own way) must give exactly the same chunks.
 #[test]

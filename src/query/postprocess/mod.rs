@@ -191,7 +191,18 @@ pub fn best_quote(chunk: &str, claim: &str) -> String {
 
 /// The final answer text and its citations, given the blocks in prompt order.
 pub fn cite(answer: &str, blocks: &[Hit]) -> (String, Vec<Citation>) {
-    let (text, cited) = normalise_markers(answer, blocks.len());
+    // Dropping a marker can join the text around it into a new one (`[1[9]]` → `[1]`,
+    // found by fuzzing): repeat until the text is its own normal form, and cite from that.
+    // A pass that changes a normal-form text removes a bracket, so this ends.
+    let (mut text, mut cited) = normalise_markers(answer, blocks.len());
+    for _ in 0..=answer.len() {
+        let (again, recited) = normalise_markers(&text, blocks.len());
+        cited = recited;
+        if again == text {
+            break;
+        }
+        text = again;
+    }
     let citations = cited
         .into_iter()
         .map(|(n, claim)| {
@@ -228,6 +239,36 @@ pub struct Claim {
 static NORMAL_MARKER: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r" ?\[(\d{1,3})\]").expect("valid regex"));
 
+/// The citation markers of `answer[start..end]` (a normal-form answer) as `(start, end,
+/// n)`, relative to the slice. Brackets in code (`v[0]`) and link texts (`[1](url)`) are
+/// not markers, as in [`cite`]: found by fuzzing, they were taken for markers and removed
+/// from the code by the fallback attribution.
+fn markers_in(answer: &str, start: usize, end: usize) -> Vec<(usize, usize, usize)> {
+    let seg = &answer[start..end];
+    NORMAL_MARKER
+        .captures_iter(seg)
+        .filter_map(|c| {
+            let whole = c.get(0)?;
+            let n: usize = c[1].parse().ok()?;
+            let link = answer[start + whole.end()..].starts_with('(');
+            let code = in_code(answer, start + whole.start());
+            (n > 0 && !link && !code).then_some((whole.start(), whole.end(), n))
+        })
+        .collect()
+}
+
+/// `seg` without the markers `found` in it.
+fn without_markers(seg: &str, found: &[(usize, usize, usize)]) -> String {
+    let mut out = String::with_capacity(seg.len());
+    let mut at = 0;
+    for &(s, e, _) in found {
+        out.push_str(&seg[at..s]);
+        at = e;
+    }
+    out.push_str(&seg[at..]);
+    out
+}
+
 /// The sentences of an answer in normal form (as [`cite`] returns it); a run of markers
 /// after a full stop belongs to the sentence before it.
 pub fn claims(answer: &str) -> Vec<Claim> {
@@ -240,12 +281,11 @@ pub fn claims(answer: &str) -> Vec<Claim> {
     let mut out: Vec<Claim> = Vec::new();
     for w in bounds.windows(2) {
         let (start, end) = (w[0], w[1]);
-        let seg = &answer[start..end];
-        let markers: Vec<usize> = NORMAL_MARKER
-            .captures_iter(seg)
-            .filter_map(|c| c[1].parse().ok())
-            .collect();
-        let text = NORMAL_MARKER.replace_all(seg, "").trim().to_string();
+        let found = markers_in(answer, start, end);
+        let markers: Vec<usize> = found.iter().map(|m| m.2).collect();
+        let text = without_markers(&answer[start..end], &found)
+            .trim()
+            .to_string();
         match out.last_mut() {
             // markers alone: they cite the sentence before
             Some(prev) if !has_words(&text) => {
@@ -345,23 +385,15 @@ pub fn attribute(
             .markers
             .iter()
             .copied()
-            .filter(|&n| row.get(n - 1).is_some_and(|&s| s >= a.drop_below))
+            .filter(|&n| n > 0 && row.get(n - 1).is_some_and(|&s| s >= a.drop_below))
             .collect();
         model_cited.extend(kept.iter().copied());
         // the sentence with only the kept markers, where they were
-        let mut rebuilt = String::with_capacity(seg.len());
-        let mut at = 0;
-        for m in NORMAL_MARKER.captures_iter(seg) {
-            let (Some(whole), Ok(n)) = (m.get(0), m[1].parse::<usize>()) else {
-                continue;
-            };
-            rebuilt.push_str(&seg[at..whole.start()]);
-            if kept.contains(&n) {
-                rebuilt.push_str(whole.as_str());
-            }
-            at = whole.end();
-        }
-        rebuilt.push_str(&seg[at..]);
+        let dropped: Vec<(usize, usize, usize)> = markers_in(answer, claim.start, claim.end)
+            .into_iter()
+            .filter(|m| !kept.contains(&m.2))
+            .collect();
+        let mut rebuilt = without_markers(seg, &dropped);
         if kept.is_empty() && words(&claim.text).len() >= 2 {
             let best = row
                 .iter()
@@ -413,9 +445,10 @@ pub struct AnswerStream {
     stopped: bool,
 }
 
-/// An open marker, with the blanks before it, at the end of the text.
+/// An open marker, with the blanks before it, at the end of the text; with the brackets
+/// and markers after it, since removing an invalid one can close it (`[1-1[9]` + `]`).
 static OPEN_MARKER: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"[ \t]*\[[ \t\d,\-–]*$").expect("valid regex"));
+    LazyLock::new(|| Regex::new(r"[ \t]*\[[ \t\d,\-–\[\]]*$").expect("valid regex"));
 /// A complete marker at the end of the text.
 static CLOSED_MARKER: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"[ \t]*\[[ \t]*\d{1,3}(?:[ \t]*(?:,|-|–)[ \t]*\d{1,3})*[ \t]*\]$")
@@ -657,6 +690,26 @@ mod tests {
         // markers after the full stop belong to the sentence before
         let (answer, _) = cite("Cargo builds. [1] Owners are unique.", &blocks);
         assert_eq!(claims(&answer).len(), 2);
+        // found by fuzzing: removing a marker must not leave a new one behind
+        assert_eq!(cite("[1[1]]8", &[]).0, "8");
+        for odd in ["See [1[9]]x and [2[1]]y.", "[1[1[1[7]]]]z", "[[1]]"] {
+            let once = cite(odd, &blocks[..1]).0;
+            assert_eq!(cite(&once, &blocks[..1]).0, once, "{odd}");
+        }
+        // found by fuzzing: brackets in code and link texts are not markers, and the
+        // attribution leaves them where they are
+        let (answer, _) = cite(
+            "Index with `v[0]` or `v[1]`, see [2](https://x) for cargo [1].",
+            &blocks,
+        );
+        let found = claims(&answer);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].markers, [1]);
+        let (text, _) = attribute(&answer, &found, &[vec![0.9, 0.9]], &blocks, a);
+        assert_eq!(
+            text,
+            "Index with `v[0]` or `v[1]`, see [2](https://x) for cargo [1]."
+        );
         assert!(lexical_support("Cargo builds packages", "the cargo tool builds") > 0.6);
     }
 
@@ -741,6 +794,15 @@ mod tests {
         let (rest, answer, _) = s.finish(&blocks);
         assert_eq!(rest.text, "");
         assert_eq!(answer, "Cargo builds [1]. Done.");
+        // found by fuzzing: an open bracket before a marker that is later dropped can
+        // become a marker itself, so it is held back too
+        for (pieces, blocks) in [
+            (&["[1-1[1-1-3-3", "3-3] ]]ht] ok"][..], &[][..]),
+            (&["see [ [2, 3", "]1] now."][..], &blocks[..1]),
+        ] {
+            let (out, answer, _) = stream(pieces, &[], blocks);
+            assert_eq!(out, answer, "{pieces:?}");
+        }
     }
 
     #[test]

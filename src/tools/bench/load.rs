@@ -27,8 +27,93 @@ pub struct Options {
     pub corpus: PathBuf,
     pub clients: usize,
     pub duration: Duration,
-    /// Seconds into the second run at which the server is SIGKILLed.
-    pub kill_after: Duration,
+    /// Seconds into the second run at which the server is SIGKILLed; `None` skips that run.
+    pub kill_after: Option<Duration>,
+    pub mix: Mix,
+}
+
+/// The request mix, as weights (percentages by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mix {
+    pub search: usize,
+    pub extractive: usize,
+    pub generated: usize,
+    pub list: usize,
+    pub upload: usize,
+}
+
+impl Default for Mix {
+    fn default() -> Self {
+        Mix {
+            search: 55,
+            extractive: 20,
+            generated: 12,
+            list: 8,
+            upload: 5,
+        }
+    }
+}
+
+impl std::str::FromStr for Mix {
+    type Err = String;
+
+    /// `search=55,extractive=20,generated=12,list=8,upload=5`; a kind left out gets 0.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut mix = Mix {
+            search: 0,
+            extractive: 0,
+            generated: 0,
+            list: 0,
+            upload: 0,
+        };
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (kind, weight) = part
+                .split_once('=')
+                .ok_or_else(|| format!("`{part}`: expected kind=weight"))?;
+            let weight: usize = weight
+                .trim()
+                .parse()
+                .map_err(|_| format!("`{part}`: the weight must be a whole number"))?;
+            let slot = match kind.trim() {
+                "search" => &mut mix.search,
+                "extractive" => &mut mix.extractive,
+                "generated" => &mut mix.generated,
+                "list" => &mut mix.list,
+                "upload" => &mut mix.upload,
+                other => {
+                    return Err(format!(
+                        "unknown kind `{other}` (search, extractive, generated, list, upload)"
+                    ))
+                }
+            };
+            *slot = weight;
+        }
+        if mix.total() == 0 {
+            return Err("the weights add up to 0".into());
+        }
+        Ok(mix)
+    }
+}
+
+impl std::fmt::Display for Mix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let pct = |w: usize| w as f64 * 100.0 / self.total() as f64;
+        write!(
+            f,
+            "{:.0} % search, {:.0} % extractive answers, {:.0} % generated answers (32 tokens), {:.0} % document lists, {:.0} % uploads",
+            pct(self.search),
+            pct(self.extractive),
+            pct(self.generated),
+            pct(self.list),
+            pct(self.upload)
+        )
+    }
+}
+
+impl Mix {
+    fn total(&self) -> usize {
+        self.search + self.extractive + self.generated + self.list + self.upload
+    }
 }
 
 const KEY: &str = "bench-load-key-0123456789abcdef";
@@ -100,6 +185,7 @@ struct Op {
 /// One client's loop until `stop`.
 fn client(
     addr: std::net::SocketAddr,
+    mix: Mix,
     id: usize,
     paragraphs: &[String],
     stop: &AtomicBool,
@@ -111,7 +197,13 @@ fn client(
     while !stop.load(Ordering::Relaxed) {
         n += 1;
         let question = QUESTIONS[rng.below(QUESTIONS.len())];
-        let roll = rng.below(100);
+        let roll = rng.below(mix.total());
+        let (a, b, c, d) = (
+            mix.search,
+            mix.search + mix.extractive,
+            mix.search + mix.extractive + mix.generated,
+            mix.search + mix.extractive + mix.generated + mix.list,
+        );
         let json = |route, method, path, body: serde_json::Value| Op {
             route,
             method,
@@ -124,28 +216,28 @@ fn client(
             },
             marker: None,
         };
-        let op = if roll < 55 {
+        let op = if roll < a {
             json(
                 "POST /v1/search",
                 "POST",
                 "/v1/search",
                 serde_json::json!({"question": question}),
             )
-        } else if roll < 75 {
+        } else if roll < b {
             json(
                 "POST /v1/query (extractive)",
                 "POST",
                 "/v1/query",
                 serde_json::json!({"question": question, "mode": "extractive"}),
             )
-        } else if roll < 87 {
+        } else if roll < c {
             json(
                 "POST /v1/query (generated)",
                 "POST",
                 "/v1/query",
                 serde_json::json!({"question": question, "generation": {"max_tokens": 32}}),
             )
-        } else if roll < 95 {
+        } else if roll < d {
             json(
                 "GET /v1/documents",
                 "GET",
@@ -284,19 +376,23 @@ struct RunResult {
     seconds: f64,
     /// Jobs reported done before the end (or the kill): (job id, marker, document id).
     done: Vec<(String, String, String)>,
+    /// Jobs reported failed: (job id, error).
+    failed: Vec<(String, String)>,
 }
 
-/// Job ids reported done, with their document id.
-fn poll_jobs(
-    addr: std::net::SocketAddr,
-    jobs: &[(String, String)],
-    done: &mut BTreeMap<String, (String, String)>,
-) {
+/// Job ids reported done (with marker and document id) or failed (with the error).
+#[derive(Default)]
+struct Finished {
+    done: BTreeMap<String, (String, String)>,
+    failed: BTreeMap<String, String>,
+}
+
+fn poll_jobs(addr: std::net::SocketAddr, jobs: &[(String, String)], finished: &mut Finished) {
     let Ok(mut c) = Connection::open(addr) else {
         return;
     };
     for (job, marker) in jobs {
-        if done.contains_key(job) {
+        if finished.done.contains_key(job) || finished.failed.contains_key(job) {
             continue;
         }
         if let Ok((200, body)) = c.send(
@@ -309,7 +405,10 @@ fn poll_jobs(
             if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) {
                 if v["status"] == "done" {
                     let doc = v["documents"][0]["id"].as_str().unwrap_or("").to_string();
-                    done.insert(job.clone(), (marker.clone(), doc));
+                    finished.done.insert(job.clone(), (marker.clone(), doc));
+                } else if v["status"] == "failed" {
+                    let error = v["documents"][0]["error"].as_str().unwrap_or("?");
+                    finished.failed.insert(job.clone(), error.to_string());
                 }
             }
         }
@@ -327,13 +426,13 @@ fn run_load(
     let stop = AtomicBool::new(false);
     let tally = Mutex::new(Tally::default());
     let mut rss = vec![];
-    let mut done = BTreeMap::new();
+    let mut finished = Finished::default();
     let started = Instant::now();
     let addr = server.addr;
     std::thread::scope(|s| {
         for id in 0..opts.clients {
             let (stop, tally) = (&stop, &tally);
-            s.spawn(move || client(addr, id, paragraphs, stop, tally));
+            s.spawn(move || client(addr, opts.mix, id, paragraphs, stop, tally));
         }
         let end = started + duration;
         while Instant::now() < end {
@@ -342,7 +441,7 @@ fn run_load(
                 rss.push(r);
             }
             let jobs = tally.lock().unwrap_or_else(|p| p.into_inner()).jobs.clone();
-            poll_jobs(addr, &jobs, &mut done);
+            poll_jobs(addr, &jobs, &mut finished);
             if kill_after.is_some_and(|k| started.elapsed() >= k) {
                 let _ = server.child.kill(); // SIGKILL
                 let _ = server.child.wait();
@@ -351,11 +450,28 @@ fn run_load(
         }
         stop.store(true, Ordering::Relaxed);
     });
+    let seconds = started.elapsed().as_secs_f64();
+    let tally = tally.into_inner().unwrap_or_else(|p| p.into_inner());
+    if kill_after.is_none() {
+        // let the accepted uploads finish, so that each counts as done or failed
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while finished.done.len() + finished.failed.len() < tally.jobs.len()
+            && Instant::now() < deadline
+        {
+            poll_jobs(addr, &tally.jobs, &mut finished);
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
     RunResult {
-        tally: tally.into_inner().unwrap_or_else(|p| p.into_inner()),
+        tally,
         rss,
-        seconds: started.elapsed().as_secs_f64(),
-        done: done.into_iter().map(|(j, (m, d))| (j, m, d)).collect(),
+        seconds,
+        done: finished
+            .done
+            .into_iter()
+            .map(|(j, (m, d))| (j, m, d))
+            .collect(),
+        failed: finished.failed.into_iter().collect(),
     }
 }
 
@@ -404,10 +520,15 @@ fn report(title: &str, r: &RunResult) -> usize {
     let peak = r.rss.iter().map(|r| r.0).fold(f64::NAN, f64::max);
     let last = r.rss.last().map_or(f64::NAN, |r| r.0);
     println!(
-        "server RSS: {first:.0} MiB after 1 s, peak {peak:.0} MiB, {last:.0} MiB at the end; uploads accepted {}, done {}",
+        "server RSS: {first:.0} MiB after 1 s, peak {peak:.0} MiB, {last:.0} MiB at the end; uploads accepted {}, done {}, failed {}",
         r.tally.jobs.len(),
-        r.done.len()
+        r.done.len(),
+        r.failed.len()
     );
+    if let Some((job, error)) = r.failed.first() {
+        println!("failed upload job {job}: {error}");
+    }
+    bad += r.failed.len();
     let every: Vec<String> = r
         .rss
         .iter()
@@ -448,28 +569,28 @@ pub fn run(config: &Config, opts: &Options) -> anyhow::Result<bool> {
         .env("RUST_LOG", "warn")
         .status()?;
     anyhow::ensure!(status.success(), "ingesting the starting index failed");
-    println!(
-        "load: {} clients, 55 % search, 20 % extractive answers, 12 % generated answers (32 tokens), 8 % document lists, 5 % uploads; API keys on",
-        opts.clients
-    );
+    println!("load: {} clients, {}; API keys on", opts.clients, opts.mix);
 
     let mut server = start(opts, &file)?;
     let load = run_load(opts, &mut server, &paragraphs, opts.duration, None);
     let bad = report("load", &load);
     drop(server);
 
+    let Some(kill_after) = opts.kill_after else {
+        return Ok(bad == 0);
+    };
     let mut server = start(opts, &file)?;
     let killed = run_load(
         opts,
         &mut server,
         &paragraphs,
         opts.duration,
-        Some(opts.kill_after),
+        Some(kill_after),
     );
     report(
         &format!(
             "kill: SIGKILL after {:.0} s of the same load",
-            opts.kill_after.as_secs_f64()
+            kill_after.as_secs_f64()
         ),
         &killed,
     );
@@ -527,4 +648,32 @@ pub fn run(config: &Config, opts: &Options) -> anyhow::Result<bool> {
     )?;
     println!("after the restart a query answers {status}");
     Ok(bad == 0 && lost.is_empty() && status == 200)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mix_parses_weights_and_names_what_is_wrong() {
+        let m: Mix = "search=3, upload=1".parse().unwrap();
+        assert_eq!((m.search, m.upload, m.generated), (3, 1, 0));
+        assert_eq!(m.total(), 4);
+        assert!(m.to_string().starts_with("75 % search"), "{m}");
+        assert_eq!(
+            "search=55,extractive=20,generated=12,list=8,upload=5"
+                .parse::<Mix>()
+                .unwrap(),
+            Mix::default()
+        );
+        for (bad, says) in [
+            ("search", "kind=weight"),
+            ("search=x", "whole number"),
+            ("reads=1", "unknown kind `reads`"),
+            ("search=0", "add up to 0"),
+        ] {
+            let err = bad.parse::<Mix>().unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
 }

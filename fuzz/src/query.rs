@@ -1,0 +1,7 @@
+//! `docent::query`'s text modules, compiled from docent's own files.
+
+#[path = "../../src/query/safety.rs"]
+pub mod safety;
+
+#[path = "../../src/query/postprocess/mod.rs"]
+pub mod postprocess;
