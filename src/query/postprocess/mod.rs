@@ -75,6 +75,12 @@ fn in_code(text: &str, at: usize) -> bool {
     (before.matches('`').count() - 3 * fences) % 2 == 1
 }
 
+/// Whether brackets at `start..end` of `answer` can be a citation marker: not in code and
+/// not a link text (`[1](url)`).
+fn can_cite(answer: &str, start: usize, end: usize) -> bool {
+    !answer[end..].starts_with('(') && !in_code(answer, start)
+}
+
 fn has_words(s: &str) -> bool {
     s.chars().any(char::is_alphanumeric)
 }
@@ -102,8 +108,7 @@ fn normalise_markers(answer: &str, blocks: usize) -> (String, Vec<(usize, String
         .captures_iter(answer)
         .filter_map(|m| {
             let whole = m.get(0)?;
-            let link = answer[whole.end()..].starts_with('(');
-            (!link && !in_code(answer, whole.start()))
+            can_cite(answer, whole.start(), whole.end())
                 .then(|| (whole.start(), whole.end(), m[1].to_string()))
         })
         .collect();
@@ -250,9 +255,11 @@ fn markers_in(answer: &str, start: usize, end: usize) -> Vec<(usize, usize, usiz
         .filter_map(|c| {
             let whole = c.get(0)?;
             let n: usize = c[1].parse().ok()?;
-            let link = answer[start + whole.end()..].starts_with('(');
-            let code = in_code(answer, start + whole.start());
-            (n > 0 && !link && !code).then_some((whole.start(), whole.end(), n))
+            (n > 0 && can_cite(answer, start + whole.start(), start + whole.end())).then_some((
+                whole.start(),
+                whole.end(),
+                n,
+            ))
         })
         .collect()
 }
