@@ -123,16 +123,46 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Prompt-injection detection rate and false positives at several thresholds.
+    /// Prompt-injection detection per attack category and false positives per benign one
+    /// (rules, classifier, both), on texts no training saw; and the classifier's cost.
     EvalInjection {
-        /// Labelled texts (`{"text", "label"}` per line, 1 = injection).
-        #[arg(default_value = "../shared/data/safety/prompt-injections-deepset/test.jsonl")]
+        /// The data set made by training/injection/make_dataset.py (its test split is used).
+        #[arg(long, default_value = "training/injection/dataset.jsonl")]
         dataset: PathBuf,
-        /// Ordinary questions (BEIR queries.jsonl) for the false-positive rate.
-        #[arg(long, default_value = "../shared/data/eval/squad-v1.1/queries.jsonl")]
-        questions: PathBuf,
-        #[arg(long, default_value_t = 2000)]
-        limit: usize,
+        /// A folder of held-out sets written apart from the training data, one
+        /// `<category>.jsonl` each (`{"text", "label"}` per line).
+        #[arg(long, default_value = "training/injection/heldout")]
+        heldout: PathBuf,
+        /// Score with this model file instead of the one built in (e.g. one just trained).
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Only score these texts: each one's probability, the piece that decided it, and
+        /// whether it is flagged.
+        #[arg(long)]
+        text: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Train the prompt-injection classifier on training/injection's data set (made by
+    /// `python3 training/injection/make_dataset.py`); the threshold is chosen on its dev split.
+    TrainInjection {
+        #[arg(long, default_value = "training/injection/dataset.jsonl")]
+        data: PathBuf,
+        #[arg(long, default_value = "src/query/safety/injection.model")]
+        out: PathBuf,
+        #[arg(long, default_value_t = 12)]
+        epochs: usize,
+        #[arg(long, default_value_t = 0.3)]
+        learning_rate: f32,
+        /// L2 penalty per update.
+        #[arg(long, default_value_t = 1e-3)]
+        l2: f32,
+        /// Highest false-positive rate allowed on each benign dev category.
+        #[arg(long, default_value_t = 0.005)]
+        max_false_positives: f64,
+        /// Give every attack category the same weight (default: every attack text).
+        #[arg(long)]
+        balance_categories: bool,
         #[arg(long)]
         json: bool,
     },
@@ -406,11 +436,55 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
         }
         Command::EvalInjection {
             dataset,
-            questions,
-            limit,
+            heldout,
+            model,
+            text,
             json,
         } => {
-            let report = docent::tools::eval::safety::injection(&dataset, &questions, limit)?;
+            if !text.is_empty() {
+                let m = match &model {
+                    Some(p) => {
+                        docent::query::safety::classifier::Model::from_bytes(&std::fs::read(p)?)
+                            .map_err(anyhow::Error::msg)?
+                    }
+                    None => docent::query::safety::classifier::BUILTIN.clone(),
+                };
+                for t in &text {
+                    let (score, piece) = m.score_with_piece(t);
+                    let flagged = if score >= m.threshold {
+                        "flagged"
+                    } else {
+                        "clean"
+                    };
+                    println!(
+                        "{score:.4} {flagged} (threshold {:.3}): {piece}",
+                        m.threshold
+                    );
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            let report =
+                docent::tools::eval::safety::injection(&dataset, &heldout, model.as_deref())?;
+            print_report(&report, json)
+        }
+        Command::TrainInjection {
+            data,
+            out,
+            epochs,
+            learning_rate,
+            l2,
+            max_false_positives,
+            balance_categories,
+            json,
+        } => {
+            let settings = docent::tools::train_injection::Settings {
+                epochs,
+                learning_rate,
+                l2,
+                max_false_positives,
+                balance_categories,
+            };
+            let report = docent::tools::train_injection::run(&data, &out, settings)?;
             print_report(&report, json)
         }
         Command::EvalPii { dataset, json } => {

@@ -287,9 +287,15 @@ impl QueryEngine {
                 )
             }
             None => Guard::new(&[], &q.search.question, &injected),
-        };
+        }
+        .with_context(&texts.iter().map(String::as_str).collect::<Vec<_>>());
 
+        // what the model may copy from the prompt but must not show
+        let mut markup = prompt.as_ref().map(Prompt::markup).unwrap_or_default();
+        markup.extend(self.prompts.quote_markup());
+        markup.push(crate::query::safety::NEUTRALISED.to_string());
         Ok(Prepared::Answer(Box::new(Pending {
+            markup,
             search: search_of(&hits, hit_scores),
             hits,
             prompt,
@@ -488,6 +494,9 @@ impl QueryEngine {
         out: &mut Released,
         tx: &mpsc::Sender<QueryEvent>,
     ) -> Result<bool, QueryError> {
+        // markup the model copied from its prompt is taken out first
+        let stripped = postprocess::strip_markup(unit, &p.markup);
+        let unit = stripped.as_str();
         // the blanks around a unit stay as they are; the checks see its text
         let core = unit.trim();
         if core.is_empty() {
@@ -512,6 +521,13 @@ impl QueryEngine {
                 let text = format!("{lead}{}{trail}", guard::INJECTION_PLACEHOLDER);
                 out.send(text, vec![], tx).await;
                 return Ok(true);
+            }
+            Verdict::Followed(kind) => {
+                // the answer carries out an instruction instead of answering: it ends
+                // before this unit (the extractive answer stands in when nothing was shown)
+                p.safety.reason(format!("prompt_injection:followed:{kind}"));
+                out.degenerate("followed_instruction");
+                return Ok(false);
             }
             Verdict::Keep => {}
         }
@@ -815,6 +831,8 @@ struct Pending {
     search: SearchResponse,
     /// The model's prompt; `None` for an extractive answer.
     prompt: Option<Prompt>,
+    /// The prompt's markup (fence tags, quoting lines, placeholders): taken out of units.
+    markup: Vec<String>,
     prompt_tokens: usize,
     guard: Guard,
     context_chunks_dropped: usize,

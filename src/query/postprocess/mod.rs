@@ -169,6 +169,19 @@ pub(crate) fn words(text: &str) -> HashSet<String> {
         .collect()
 }
 
+/// `text` without the prompt's own markup (`markup`: the fence tags, the quoting lines,
+/// the placeholder of a removed instruction), which a small model sometimes copies from its
+/// context into the answer.
+pub fn strip_markup(text: &str, markup: &[String]) -> String {
+    let mut out = text.to_string();
+    for m in markup.iter().filter(|m| !m.is_empty()) {
+        if out.contains(m.as_str()) {
+            out = out.replace(m.as_str(), "");
+        }
+    }
+    out
+}
+
 /// The sentence of `chunk` sharing the most words with `claim`; the first sentence if
 /// nothing overlaps.
 pub fn best_quote(chunk: &str, claim: &str) -> String {
@@ -547,6 +560,23 @@ impl AnswerStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_prompt_markup_is_stripped_from_answers() {
+        let markup = [
+            "<doc-1a2b>".to_string(),
+            "</doc-1a2b>".to_string(),
+            "<<end of quoted text>>".to_string(),
+        ];
+        assert_eq!(
+            strip_markup(
+                "Two years [1]. <<end of quoted text>></doc-1a2b> [1]",
+                &markup
+            ),
+            "Two years [1].  [1]"
+        );
+        assert_eq!(strip_markup("plain", &markup), "plain");
+    }
     use docent_ingest::store::ChunkPayload;
 
     fn hit(doc: &str, text: &str) -> Hit {

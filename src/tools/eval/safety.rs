@@ -4,6 +4,7 @@
 
 use crate::query::safety::*;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
@@ -117,61 +118,141 @@ pub fn run(path: &Path) -> anyhow::Result<PiiReport> {
     })
 }
 
-/// Detection on a labelled set (`{"text", "label"}` lines, 1 = injection) and false
-/// positives on ordinary questions (BEIR `queries.jsonl`), at several thresholds.
+/// One category of one source, scored by the rules, the classifier, and both.
 #[derive(Debug, Clone, Serialize)]
-pub struct InjectionReport {
-    pub labelled: String,
-    pub injections: usize,
-    pub benign: usize,
-    pub questions: String,
-    pub ordinary: usize,
-    /// (threshold, detection rate, false-positive rate on the set's benign texts,
-    /// false-positive rate on the ordinary questions)
-    pub rows: Vec<(f32, f64, f64, f64)>,
+pub struct InjectionRow {
+    /// `test split` (of `training/injection/dataset.jsonl`) or `held out` (written apart
+    /// from the training data, `training/injection/heldout/`).
+    pub source: String,
+    pub category: String,
+    pub label: u8,
+    pub texts: usize,
+    /// Shares flagged (detection for attacks, false positives for benign texts): by the
+    /// rules alone (the detector before the classifier), and by the classifier (the
+    /// detector the service runs; the rules are among its features).
+    pub rules: f64,
+    pub classifier: f64,
 }
 
+/// `docent eval-injection`: detection per attack category and false positives per benign
+/// category, on texts no training or threshold choice saw, and the classifier's cost.
+#[derive(Debug, Clone, Serialize)]
+pub struct InjectionReport {
+    pub threshold: f32,
+    pub rows: Vec<InjectionRow>,
+    /// Mean classifier time per ordinary document chunk and per question, microseconds.
+    pub us_per_chunk: f64,
+    pub us_per_question: f64,
+    pub chunk_chars: f64,
+}
+
+#[derive(Deserialize)]
+struct Labelled {
+    text: String,
+    label: u8,
+    #[serde(default)]
+    split: Option<String>,
+    #[serde(default)]
+    category: Option<String>,
+}
+
+/// `model`: a model file to score with instead of the one built in.
 pub fn injection(
-    labelled: &Path,
-    questions: &Path,
-    limit: usize,
+    dataset: &Path,
+    heldout: &Path,
+    model: Option<&Path>,
 ) -> anyhow::Result<InjectionReport> {
-    #[derive(Deserialize)]
-    struct Row {
-        text: String,
-        label: u8,
+    use crate::query::safety::classifier::{Model, BUILTIN};
+    let mut sets: Vec<(String, String, Vec<Labelled>)> = Vec::new();
+    let test: Vec<Labelled> = crate::tools::eval::jsonl(dataset).map_err(|e| {
+        anyhow::anyhow!("{e} (make it with: python3 training/injection/make_dataset.py)")
+    })?;
+    let mut by_cat: BTreeMap<String, Vec<Labelled>> = BTreeMap::new();
+    for r in test {
+        if r.split.as_deref() == Some("test") {
+            let c = r.category.clone().unwrap_or_default();
+            by_cat.entry(c).or_default().push(r);
+        }
     }
-    let rows: Vec<Row> = crate::tools::eval::jsonl(labelled)?;
-    let mut ordinary = crate::tools::eval::questions(questions)?;
-    ordinary.truncate(limit);
-    let scored: Vec<(f32, u8)> = rows
-        .iter()
-        .map(|r| (injection_score(&r.text).0, r.label))
-        .collect();
-    let ordinary_scores: Vec<f32> = ordinary.iter().map(|q| injection_score(q).0).collect();
-    let injections = scored.iter().filter(|(_, l)| *l == 1).count();
-    let benign = scored.len() - injections;
-    let rate = |hits: usize, n: usize| if n == 0 { 0.0 } else { hits as f64 / n as f64 };
-    let rows = [0.5f32, 1.0, 1.5, 2.0]
-        .iter()
-        .map(|&th| {
-            let tp = scored.iter().filter(|(s, l)| *l == 1 && *s >= th).count();
-            let fp = scored.iter().filter(|(s, l)| *l == 0 && *s >= th).count();
-            let ofp = ordinary_scores.iter().filter(|s| **s >= th).count();
-            (
-                th,
-                rate(tp, injections),
-                rate(fp, benign),
-                rate(ofp, ordinary.len()),
-            )
-        })
-        .collect();
+    for (c, rows) in by_cat {
+        sets.push(("test split".into(), c, rows));
+    }
+    if heldout.is_dir() {
+        let mut files: Vec<_> = std::fs::read_dir(heldout)?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+            .collect();
+        files.sort();
+        for f in files {
+            let c = f
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            sets.push(("held out".into(), c, crate::tools::eval::jsonl(&f)?));
+        }
+    }
+    let loaded = match model {
+        Some(p) => Some(
+            Model::from_bytes(&std::fs::read(p)?)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
+        ),
+        None => None,
+    };
+    let m = loaded.as_ref().unwrap_or(&*BUILTIN);
+    let mut rows = Vec::new();
+    for (source, category, texts) in &sets {
+        for label in [1u8, 0] {
+            let of: Vec<&Labelled> = texts.iter().filter(|t| t.label == label).collect();
+            if of.is_empty() {
+                continue;
+            }
+            let (mut r, mut c) = (0usize, 0usize);
+            for t in &of {
+                r += usize::from(injection_score(&t.text).0 >= INJECTION_THRESHOLD);
+                c += usize::from(m.score(&t.text) >= m.threshold);
+            }
+            let n = of.len() as f64;
+            rows.push(InjectionRow {
+                source: source.clone(),
+                category: category.clone(),
+                label,
+                texts: of.len(),
+                rules: r as f64 / n,
+                classifier: c as f64 / n,
+            });
+        }
+    }
+    // cost: the ordinary chunks and questions of the test split, each scored 5 times
+    let pick = |cat: &str| -> Vec<&str> {
+        sets.iter()
+            .filter(|(s, c, _)| s == "test split" && c == cat)
+            .flat_map(|(_, _, t)| t.iter().map(|l| l.text.as_str()))
+            .collect()
+    };
+    let time = |texts: &[&str]| -> f64 {
+        if texts.is_empty() {
+            return 0.0;
+        }
+        let started = std::time::Instant::now();
+        let mut sink = 0.0f32;
+        for _ in 0..5 {
+            for t in texts {
+                sink += m.score(t);
+            }
+        }
+        std::hint::black_box(sink);
+        started.elapsed().as_secs_f64() * 1e6 / (5 * texts.len()) as f64
+    };
+    let chunks = pick("benign_chunk");
+    let questions = pick("benign_question");
+    let chunk_chars =
+        chunks.iter().map(|t| t.chars().count()).sum::<usize>() as f64 / chunks.len().max(1) as f64;
     Ok(InjectionReport {
-        labelled: labelled.display().to_string(),
-        injections,
-        benign,
-        questions: questions.display().to_string(),
-        ordinary: ordinary.len(),
+        threshold: m.threshold,
+        us_per_chunk: time(&chunks),
+        us_per_question: time(&questions),
+        chunk_chars,
         rows,
     })
 }
@@ -180,23 +261,35 @@ impl fmt::Display for InjectionReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "prompt injection: {} ({} injections, {} benign); ordinary questions: {} ({})",
-            self.labelled, self.injections, self.benign, self.questions, self.ordinary
+            "prompt injection: rules alone (score >= {INJECTION_THRESHOLD}) and the classifier (p >= {:.3})",
+            self.threshold
         )?;
         writeln!(
             f,
-            "{:>9} {:>9} {:>12} {:>14}",
-            "threshold", "detection", "FP (benign)", "FP (questions)"
+            "{:<11} {:<22} {:>6} {:>8} {:>10}  measures",
+            "source", "category", "texts", "rules", "classifier"
         )?;
-        for (th, d, fp, ofp) in &self.rows {
-            let mark = if (*th - INJECTION_THRESHOLD).abs() < 1e-6 {
-                " (default)"
+        for r in &self.rows {
+            let what = if r.label == 1 {
+                "detection"
             } else {
-                ""
+                "false positives"
             };
-            writeln!(f, "{th:>9.1} {d:>9.3} {fp:>12.3} {ofp:>14.3}{mark}")?;
+            writeln!(
+                f,
+                "{:<11} {:<22} {:>6} {:>7.1}% {:>9.1}%  {what}",
+                r.source,
+                r.category,
+                r.texts,
+                100.0 * r.rules,
+                100.0 * r.classifier,
+            )?;
         }
-        Ok(())
+        writeln!(
+            f,
+            "classifier cost: {:.0} us per chunk ({:.0} characters on average), {:.0} us per question",
+            self.us_per_chunk, self.chunk_chars, self.us_per_question
+        )
     }
 }
 
