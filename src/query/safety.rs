@@ -752,6 +752,11 @@ pub struct SafetyConfig {
     /// Regular expressions; an answer that matches one is withheld.
     #[serde(default)]
     pub deny: Vec<String>,
+    /// Quote every prompt's context between fence tags that are new per request, and say
+    /// in the system part that text inside is data (spotlighting). Off by default: the
+    /// shipped 135M model answers worse with the tags in its prompt (README, injection).
+    #[serde(default)]
+    pub spotlight: bool,
 }
 
 impl SafetyConfig {

@@ -92,6 +92,9 @@ def main():
     for r in jsonl(pools / "benign_more.jsonl"):
         cat = {"question": "benign_question", "doc": "benign_doc"}.get(r["kind"], "benign_multilingual")
         add(r["text"], 0, cat, f"pool:benign_more:{r.get('lang', 'en')}:{r['kind']}")
+    for r in jsonl(pools / "benign_secrets.jsonl"):
+        cat = "benign_question" if r["kind"] == "question" else "benign_doc"
+        add(r["text"], 0, cat, f"pool:benign_secrets:{r['kind']}")
     for r in jsonl(pools / "english_jailbreak.jsonl"):
         add(r["text"], 1, "jailbreak", "pool:english_jailbreak")
     for r in jsonl(pools / "english_benign.jsonl"):
