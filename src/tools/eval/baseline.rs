@@ -111,17 +111,32 @@ pub mod fusions {
         ((list[0].1 - mean) / sd).max(0.0)
     }
 
-    /// DBSF with each list weighted by its confidence (their weights sum to 2, as the
-    /// default's 1 + 1).
-    pub fn confident_dbsf(dense: &[(u64, f32)], sparse: &[(u64, f32)]) -> Vec<(u64, f32)> {
+    /// DBSF with each list weighted by its confidence: weights `1 ± strength · (cd − cs) /
+    /// (cd + cs)` (they sum to 2, as the default's 1 + 1; strength 1 gives weights
+    /// proportional to the confidences).
+    pub fn confident_dbsf_with(
+        dense: &[(u64, f32)],
+        sparse: &[(u64, f32)],
+        strength: f32,
+    ) -> Vec<(u64, f32)> {
         let (cd, cs) = (confidence(dense), confidence(sparse));
-        let total = (cd + cs).max(1e-6);
+        let lean = strength * (cd - cs) / (cd + cs).max(1e-6);
         Fusion {
-            dense_weight: 2.0 * cd / total,
-            sparse_weight: 2.0 * cs / total,
+            dense_weight: 1.0 + lean,
+            sparse_weight: 1.0 - lean,
             ..Fusion::default()
         }
         .fuse(dense, sparse)
+    }
+
+    /// [`confident_dbsf_with`] at full strength.
+    pub fn confident_dbsf(dense: &[(u64, f32)], sparse: &[(u64, f32)]) -> Vec<(u64, f32)> {
+        confident_dbsf_with(dense, sparse, 1.0)
+    }
+
+    /// [`confident_dbsf_with`] at half strength.
+    pub fn confident_dbsf_half(dense: &[(u64, f32)], sparse: &[(u64, f32)]) -> Vec<(u64, f32)> {
+        confident_dbsf_with(dense, sparse, 0.5)
     }
 }
 
@@ -141,7 +156,10 @@ mod tests {
     fn bm25_ranks_the_rare_term_first_and_normalises_length() {
         let corpus = [
             doc("a", "the cat sat on the mat"),
-            doc("b", "the dog chased the cat around the big garden all day long"),
+            doc(
+                "b",
+                "the dog chased the cat around the big garden all day long",
+            ),
             doc("c", "a platypus is a mammal"),
         ];
         let bm = Bm25::new(&corpus);

@@ -7,6 +7,7 @@
 //! share of a query's relevant documents in the top k, averaged), MRR@10, nDCG@10 (binary
 //! gains), and latency p50/p99 = the query's embedding time + that mode's search time.
 
+pub mod baseline;
 pub mod safety;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -26,13 +27,14 @@ use crate::server::startup;
 /// Documents ranked per query (chunks beyond this are not looked at).
 pub const DEPTH: usize = 10;
 
+/// One document of a BEIR corpus (`corpus.jsonl`).
 #[derive(Deserialize)]
-struct CorpusLine {
+pub struct CorpusLine {
     #[serde(rename = "_id")]
-    id: String,
+    pub id: String,
     #[serde(default)]
-    title: String,
-    text: String,
+    pub title: String,
+    pub text: String,
 }
 
 #[derive(Deserialize)]
@@ -794,8 +796,18 @@ pub fn run(
         .take(limit.unwrap_or(usize::MAX))
         .collect();
     let mut acc: Vec<Acc> = modes.iter().map(|_| Acc::default()).collect();
+    // beside the modes: whole-document BM25 (the peer of sparse search), and other fusions
+    // of the same two candidate lists as hybrid's
+    let bm25 = baseline::Bm25::new(&data.corpus);
+    let mut bm25_acc = Acc::default();
+    type FuseFn = fn(&[(u64, f32)], &[(u64, f32)]) -> Vec<(u64, f32)>;
+    let variants: [(&str, FuseFn); 3] = [
+        ("hybrid-rrf", baseline::fusions::rrf),
+        ("hybrid-confident", baseline::fusions::confident_dbsf),
+        ("hybrid-confident/2", baseline::fusions::confident_dbsf_half),
+    ];
+    let mut variant_acc: Vec<Acc> = variants.iter().map(|_| Acc::default()).collect();
     let none = SearchFilter::default();
-    let top_k = config.retrieval.top_k;
     let mut best_scores: Vec<(f32, bool)> = Vec::new();
     for q in queries {
         let t = Instant::now();
@@ -815,42 +827,36 @@ pub fn run(
             continue;
         };
         best_scores.push((best, true));
+        let golds = data.answers.get(&q.id);
+        let t = Instant::now();
+        let ids = bm25.search(&q.text, DEPTH);
+        bm25_acc.add(&ids, relevant, t.elapsed().as_secs_f64() * 1e3);
         for (mode, acc) in modes.iter().zip(acc.iter_mut()) {
             let t = Instant::now();
             // more chunks than documents: a long document may fill several places
-            let hits = block_on(index.rank(&embedded, 2 * DEPTH, *mode, &none))?.hits;
+            let ranked = block_on(index.rank(&embedded, 2 * DEPTH, *mode, &none))?;
             let ms = embed_ms + t.elapsed().as_secs_f64() * 1e3;
-            let top10: HashSet<&str> = hits
-                .iter()
-                .take(DEPTH)
-                .map(|h| h.payload.document_id.as_str())
-                .collect();
-            acc.distinct += top10.len();
-            if let Some(golds) = data.answers.get(&q.id) {
-                let mut context: Vec<_> = hits.iter().take(top_k).cloned().collect();
-                block_on(index.expand(&mut context, config.retrieval.neighbors))?;
-                let text: Vec<&str> = context.iter().map(|h| h.payload.text.as_str()).collect();
-                let text = text.join("\n");
-                acc.with_gold += 1;
-                acc.context_chars += text.chars().count();
-                acc.in_context += usize::from(contains_answer(&text, golds));
+            score_hits(acc, ranked.hits, relevant, golds, &index, &config, ms)?;
+            if *mode != SearchMode::Hybrid {
+                continue;
             }
-            let mut ranked: Vec<String> = Vec::with_capacity(DEPTH);
-            for h in hits {
-                // identical paragraphs are stored once: any of their ids counts
-                let id = h
-                    .payload
-                    .sources
-                    .iter()
-                    .find(|s| relevant.contains(*s))
-                    .unwrap_or(&h.payload.source)
-                    .clone();
-                if !ranked.contains(&id) {
-                    ranked.push(id);
-                }
+            for ((_, fuse), acc) in variants.iter().zip(variant_acc.iter_mut()) {
+                let mut fused = fuse(&ranked.dense, &ranked.sparse);
+                fused.truncate(2 * DEPTH);
+                let hits = block_on(index.store.hits(&fused))?;
+                score_hits(acc, hits, relevant, golds, &index, &config, ms)?;
             }
-            ranked.truncate(DEPTH);
-            acc.add(&ranked, relevant, ms);
+        }
+    }
+    let mut mode_reports: BTreeMap<String, ModeReport> = modes
+        .iter()
+        .zip(acc)
+        .map(|(m, a)| (m.name().to_string(), a.report()))
+        .collect();
+    mode_reports.insert("bm25-doc".into(), bm25_acc.report());
+    if modes.contains(&SearchMode::Hybrid) {
+        for ((name, _), a) in variants.iter().zip(variant_acc) {
+            mode_reports.insert(name.to_string(), a.report());
         }
     }
     let report = EvalReport {
@@ -873,11 +879,7 @@ pub fn run(
             config.retrieval.fusion.method,
             config.retrieval.fusion.candidates
         ),
-        modes: modes
-            .iter()
-            .zip(acc)
-            .map(|(m, a)| (m.name().to_string(), a.report()))
-            .collect(),
+        modes: mode_reports,
         refusal: refusal(&best_scores, config.retrieval.min_score),
         answers: None,
     };
@@ -887,6 +889,51 @@ pub fn run(
         config,
         _tmp: cleanup,
     })
+}
+
+/// One ranking's figures for one question: distinct documents in the top 10, the gold
+/// answer in the top-k context (neighbours joined), and the document ranking.
+fn score_hits(
+    acc: &mut Acc,
+    hits: Vec<docent_ingest::store::Hit>,
+    relevant: &HashSet<String>,
+    golds: Option<&Vec<String>>,
+    index: &crate::query::retrieve::Index,
+    config: &Config,
+    ms: f64,
+) -> anyhow::Result<()> {
+    let top10: HashSet<&str> = hits
+        .iter()
+        .take(DEPTH)
+        .map(|h| h.payload.document_id.as_str())
+        .collect();
+    acc.distinct += top10.len();
+    if let Some(golds) = golds {
+        let mut context: Vec<_> = hits.iter().take(config.retrieval.top_k).cloned().collect();
+        block_on(index.expand(&mut context, config.retrieval.neighbors))?;
+        let text: Vec<&str> = context.iter().map(|h| h.payload.text.as_str()).collect();
+        let text = text.join("\n");
+        acc.with_gold += 1;
+        acc.context_chars += text.chars().count();
+        acc.in_context += usize::from(contains_answer(&text, golds));
+    }
+    let mut ranked: Vec<String> = Vec::with_capacity(DEPTH);
+    for h in hits {
+        // identical paragraphs are stored once: any of their ids counts
+        let id = h
+            .payload
+            .sources
+            .iter()
+            .find(|s| relevant.contains(*s))
+            .unwrap_or(&h.payload.source)
+            .clone();
+        if !ranked.contains(&id) {
+            ranked.push(id);
+        }
+    }
+    ranked.truncate(DEPTH);
+    acc.add(&ranked, relevant, ms);
+    Ok(())
 }
 
 impl std::fmt::Display for EvalReport {
@@ -905,7 +952,7 @@ impl std::fmt::Display for EvalReport {
         writeln!(f, "{}", self.settings)?;
         writeln!(
             f,
-            "{:<8} {:>6} {:>6} {:>6} {:>7} {:>7} {:>8} {:>8} {:>7} {:>9} {:>7}",
+            "{:<18} {:>6} {:>6} {:>6} {:>7} {:>7} {:>8} {:>8} {:>7} {:>9} {:>7}",
             "mode",
             "R@1",
             "R@5",
@@ -922,7 +969,7 @@ impl std::fmt::Display for EvalReport {
             let opt = |v: Option<f64>, prec: usize| v.map_or("-".into(), |v| format!("{v:.prec$}"));
             writeln!(
                 f,
-                "{:<8} {:>6.3} {:>6.3} {:>6.3} {:>7.3} {:>7.3} {:>8.2} {:>8.2} {:>7} {:>9} {:>7.2}",
+                "{:<18} {:>6.3} {:>6.3} {:>6.3} {:>7.3} {:>7.3} {:>8.2} {:>8.2} {:>7} {:>9} {:>7.2}",
                 name,
                 m.recall_1,
                 m.recall_5,
