@@ -126,8 +126,9 @@ pub enum Verdict {
     /// The answer ends before this unit: it repeats what was said.
     Loop,
     /// The unit carries out an instruction instead of answering the question: it brings a
-    /// link, an address or code that neither the question asks for nor the context holds,
-    /// a phrase an injected instruction dictated, or another script than the question's.
+    /// link or an address the question does not ask for (or one the context does not hold),
+    /// code the question does not ask for, a phrase an injected instruction dictated, or
+    /// another script than the question's.
     /// The answer ends before it (the extractive answer stands in when nothing was shown).
     Followed(&'static str),
 }
