@@ -443,10 +443,7 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
         } => {
             if !text.is_empty() {
                 let m = match &model {
-                    Some(p) => {
-                        docent::query::safety::classifier::Model::from_bytes(&std::fs::read(p)?)
-                            .map_err(anyhow::Error::msg)?
-                    }
+                    Some(p) => docent::tools::eval::safety::load_model(p)?,
                     None => docent::query::safety::classifier::BUILTIN.clone(),
                 };
                 for t in &text {

@@ -292,7 +292,7 @@ impl QueryEngine {
 
         // what the model may copy from the prompt but must not show
         let mut markup = prompt.as_ref().map(Prompt::markup).unwrap_or_default();
-        markup.extend(self.prompts.quote_markup());
+        markup.extend_from_slice(self.prompts.quote_markup());
         markup.push(crate::query::safety::NEUTRALISED.to_string());
         Ok(Prepared::Answer(Box::new(Pending {
             markup,

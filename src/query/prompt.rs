@@ -143,6 +143,8 @@ pub struct Prompts {
     env: Environment<'static>,
     /// Quote the context between fence tags ([`fence`]; `safety.spotlight`).
     spotlight: bool,
+    /// The lines `quoted_chunk.jinja` puts around a chunk, rendered once at load.
+    quote_markup: Vec<String>,
 }
 
 impl Prompts {
@@ -162,10 +164,13 @@ impl Prompts {
                     message: e.to_string(),
                 })?;
         }
-        Ok(Prompts {
+        let mut prompts = Prompts {
             env,
             spotlight: false,
-        })
+            quote_markup: Vec::new(),
+        };
+        prompts.quote_markup = prompts.render_quote_markup()?;
+        Ok(prompts)
     }
 
     /// With `on`, every prompt quotes its context between fence tags (spotlighting).
@@ -197,18 +202,20 @@ impl Prompts {
 
     /// The lines that `quoted_chunk.jinja` puts around a chunk (its text aside): markup an
     /// answer must not repeat.
-    pub fn quote_markup(&self) -> Vec<String> {
+    pub fn quote_markup(&self) -> &[String] {
+        &self.quote_markup
+    }
+
+    fn render_quote_markup(&self) -> Result<Vec<String>, PromptError> {
         const HOLE: &str = "\u{1}";
-        self.quoted(HOLE)
-            .map(|q| {
-                q.split(HOLE)
-                    .flat_map(str::lines)
-                    .map(str::trim)
-                    .filter(|l| !l.is_empty())
-                    .map(str::to_string)
-                    .collect()
-            })
-            .unwrap_or_default()
+        Ok(self
+            .quoted(HOLE)?
+            .split(HOLE)
+            .flat_map(str::lines)
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect())
     }
 
     /// The answer given without calling the model when nothing relevant was retrieved.

@@ -445,8 +445,8 @@ pub fn redact(text: &str, rules: &PiiRules) -> (String, Vec<PiiKind>) {
 }
 
 /// A rule of the prompt-injection detector: a pattern and the weight it adds.
-struct InjectionRule {
-    name: &'static str,
+pub(crate) struct InjectionRule {
+    pub(crate) name: &'static str,
     weight: f32,
     pattern: &'static str,
 }
@@ -584,13 +584,10 @@ pub fn injection_score(text: &str) -> (f32, Vec<&'static str>) {
     let n = normalise(text);
     let mut names: Vec<&'static str> = Vec::new();
     let mut score = 0.0;
-    for (_, _, name) in rule_matches(&n.text) {
-        if !names.contains(&name) {
-            names.push(name);
-            score += INJECTION_RULES
-                .iter()
-                .find(|r| r.name == name)
-                .map_or(0.0, |r| r.weight);
+    for (_, _, rule) in rule_matches(&n.text) {
+        if !names.contains(&rule.name) {
+            names.push(rule.name);
+            score += rule.weight;
         }
     }
     (score, names)
@@ -599,7 +596,7 @@ pub fn injection_score(text: &str) -> (f32, Vec<&'static str>) {
 /// Where each rule matches a normalised text: (start, end, rule name), byte offsets of
 /// `text`. Written-out line breaks (`\n`) count as breaks and runs of blanks as one, as
 /// the rules expect; the offsets are mapped back to `text`.
-pub(crate) fn rule_matches(text: &str) -> Vec<(usize, usize, &'static str)> {
+pub(crate) fn rule_matches(text: &str) -> Vec<(usize, usize, &'static InjectionRule)> {
     // the rules see a copy with `\n` as a break and runs of blanks as one; `origin` maps
     // each of its bytes back to `text`
     let mut seen = String::with_capacity(text.len());
@@ -631,7 +628,7 @@ pub(crate) fn rule_matches(text: &str) -> Vec<(usize, usize, &'static str)> {
     let mut out = Vec::new();
     for (rule, re) in INJECTION.iter() {
         for m in re.find_iter(&seen) {
-            out.push((origin[m.start()], origin[m.end()], rule.name));
+            out.push((origin[m.start()], origin[m.end()], *rule));
         }
     }
     out

@@ -23,19 +23,24 @@ const MIN_PIECE_CHARS: usize = 12;
 const MIN_PIECE_WORDS: usize = 6;
 const MAGIC: &[u8; 8] = b"DOCPI001";
 
-/// FNV-1a, 64 bits: a fixed hash, so the weights mean the same on every machine.
-fn fnv(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for &b in *p {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        // a separator between the parts
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0100_0000_01b3);
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0100_0000_01b3;
+
+/// FNV-1a, 64 bits, continued from `h` over `bytes`: a fixed hash, so the weights mean the
+/// same on every machine.
+fn fnv_from(mut h: u64, bytes: &[u8]) -> u64 {
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(FNV_PRIME);
     }
     h
+}
+
+/// FNV-1a of `parts`, each followed by a separator byte.
+fn fnv(parts: &[&[u8]]) -> u64 {
+    parts
+        .iter()
+        .fold(FNV_OFFSET, |h, p| fnv_from(fnv_from(h, p), &[0xff]))
 }
 
 /// The text as the features see it: look-alikes folded, invisible characters gone,
@@ -113,12 +118,7 @@ pub fn features(folded: &str) -> Vec<(u32, f32)> {
         for n in lengths {
             for i in 0..chars.saturating_sub(n - 1) {
                 let gram = &padded[starts[i]..starts[i + n]];
-                let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ (n as u64);
-                for &b in gram {
-                    h ^= u64::from(b);
-                    h = h.wrapping_mul(0x0100_0000_01b3);
-                }
-                hashes.push(h);
+                hashes.push(fnv_from(FNV_OFFSET ^ n as u64, gram));
             }
         }
     }
@@ -139,7 +139,7 @@ pub fn features(folded: &str) -> Vec<(u32, f32)> {
 /// rules are combined with the n-grams by learnt weights rather than by a fixed vote.
 pub fn vector(folded: &str) -> Vec<(u32, f32)> {
     let rules = super::rule_matches(folded);
-    with_rules(features(folded), rules.iter().map(|r| r.2))
+    with_rules(features(folded), rules.iter().map(|r| r.2.name))
 }
 
 fn with_rules<'a>(mut f: Vec<(u32, f32)>, names: impl Iterator<Item = &'a str>) -> Vec<(u32, f32)> {
@@ -253,7 +253,7 @@ impl Model {
             let names = rules
                 .iter()
                 .filter(|r| r.0 >= start && r.1 <= end)
-                .map(|r| r.2);
+                .map(|r| r.2.name);
             sigmoid(self.logit(&with_rules(features(piece), names)))
         };
         let mut best = (unit(&folded), folded.trim().to_string());

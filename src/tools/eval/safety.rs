@@ -156,13 +156,19 @@ struct Labelled {
     category: Option<String>,
 }
 
+/// A model file written by `docent train-injection`.
+pub fn load_model(path: &Path) -> anyhow::Result<crate::query::safety::classifier::Model> {
+    crate::query::safety::classifier::Model::from_bytes(&std::fs::read(path)?)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
 /// `model`: a model file to score with instead of the one built in.
 pub fn injection(
     dataset: &Path,
     heldout: &Path,
     model: Option<&Path>,
 ) -> anyhow::Result<InjectionReport> {
-    use crate::query::safety::classifier::{Model, BUILTIN};
+    use crate::query::safety::classifier::BUILTIN;
     let mut sets: Vec<(String, String, Vec<Labelled>)> = Vec::new();
     let test: Vec<Labelled> = crate::tools::eval::jsonl(dataset).map_err(|e| {
         anyhow::anyhow!("{e} (make it with: python3 training/injection/make_dataset.py)")
@@ -192,13 +198,7 @@ pub fn injection(
             sets.push(("held out".into(), c, crate::tools::eval::jsonl(&f)?));
         }
     }
-    let loaded = match model {
-        Some(p) => Some(
-            Model::from_bytes(&std::fs::read(p)?)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
-        ),
-        None => None,
-    };
+    let loaded = model.map(load_model).transpose()?;
     let m = loaded.as_ref().unwrap_or(&*BUILTIN);
     let mut rows = Vec::new();
     for (source, category, texts) in &sets {
