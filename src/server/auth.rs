@@ -42,9 +42,10 @@ pub struct Access {
     checks: AtomicU64,
 }
 
-/// Routes anyone may call: liveness and readiness probes.
+/// Routes anyone may call: liveness and readiness probes, and the web page with its
+/// assets (the page asks for a key and sends it with its API calls).
 fn public(path: &str) -> bool {
-    matches!(path, "/healthz" | "/readyz")
+    matches!(path, "/healthz" | "/readyz" | "/") || path.starts_with("/assets/")
 }
 
 /// The scope a request needs: `write` to change the index, `read` for the rest.
@@ -316,6 +317,25 @@ mod tests {
         assert_eq!(status(a.authenticate(&get, "/healthz", None)), 200);
         assert_eq!(status(a.authenticate(&get, "/readyz", None)), 200);
         assert_eq!(status(a.authenticate(&get, "/metrics", None)), 401);
+    }
+
+    #[test]
+    fn the_web_page_is_public_and_its_api_calls_are_not() {
+        let a = access(0);
+        let get = Method::GET;
+        assert_eq!(status(a.authenticate(&get, "/", None)), 200);
+        assert_eq!(status(a.authenticate(&get, "/assets/app.js", None)), 200);
+        assert_eq!(status(a.authenticate(&get, "/assets/nope", None)), 200);
+        // only those paths: not a prefix match on `/`, nor `/assets` under /v1
+        for path in [
+            "/v1/documents",
+            "/index.html",
+            "/assets",
+            "/v1/assets/x",
+            "//",
+        ] {
+            assert_eq!(status(a.authenticate(&get, path, None)), 401, "{path}");
+        }
     }
 
     #[test]

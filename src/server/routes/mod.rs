@@ -6,10 +6,12 @@
 //! | `POST /v1/query`, `POST /v1/search` | [`query`] |
 //! | `/v1/documents`, `/v1/documents/{id}`, `/v1/jobs/{id}` | [`documents`] |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics` | [`health`] |
+//! | `GET /`, `GET /assets/{name}` (the web page; public) | [`webpage`] |
 
 pub mod documents;
 pub mod health;
 pub mod query;
+pub mod webpage;
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -99,6 +101,18 @@ pub fn routes(cfg: &mut web::ServiceConfig, max_body_bytes: usize) {
     .service(
         web::resource("/metrics")
             .route(web::get().to(health::prometheus))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/")
+            .route(web::get().to(webpage::page))
+            .route(web::head().to(webpage::page))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/assets/{name}")
+            .route(web::get().to(webpage::file))
+            .route(web::head().to(webpage::file))
             .default_service(web::to(method_not_allowed)),
     )
     .default_service(web::to(not_found));
