@@ -19,6 +19,7 @@ build:
 
 ## Everything the project checks: model setup, unit and integration tests, formatting, lints.
 test: setup
+	@bash scripts/web-test-deps.sh
 	python3 scripts/check-module-cycles.py --self-test
 	python3 scripts/check-module-cycles.py
 	$(CARGO) fmt --all -- --check

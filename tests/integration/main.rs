@@ -14,3 +14,4 @@ mod ingest;
 mod parsers;
 mod safety;
 mod streaming;
+mod web;
