@@ -50,6 +50,12 @@ function plural(n, one, many) {
   return `${n.toLocaleString()} ${n === 1 ? one : many}`;
 }
 
+/** Joins a paragraph's wrapped lines (the source's line breaks inside a sentence are
+ * wrapping, not meaning); blank lines between paragraphs stay. */
+function unwrap(text) {
+  return text.split(/\n[ \t]*\n/).map((p) => p.trim().split(/[ \t]*\n[ \t]*/).join(' ')).join('\n\n');
+}
+
 function formatScore(s) {
   if (typeof s !== 'number' || !Number.isFinite(s)) return '–';
   return Math.abs(s) >= 10 ? s.toFixed(1) : s.toFixed(3);
@@ -657,7 +663,7 @@ function openPassage(n, opener) {
   closePassage();
   if (same) return;
   $('passage-title').textContent = `[${c.n}] ${c.title || basename(c.source)}`;
-  $('passage-quote').textContent = c.quote || '(no quote)';
+  $('passage-quote').textContent = c.quote ? unwrap(c.quote) : '(no quote)';
   const facts = [
     ...fact('Document', c.title || basename(c.source)),
     ...fact('Source', c.source, true),
@@ -960,7 +966,7 @@ function wireUploads() {
       if (!zone.contains(ev.target)) ev.preventDefault();
     });
   }
-  // the whole zone opens the file chooser from the keyboard too
+  // a click anywhere on the zone opens the file chooser (the keyboard reaches the input)
   zone.addEventListener('click', (ev) => {
     if (ev.target === zone) input.click();
   });
