@@ -123,7 +123,7 @@ mod tests {
     use actix_web::body::MessageBody;
     use actix_web::test::TestRequest;
 
-    fn header<'a>(r: &'a HttpResponse, name: header::HeaderName) -> &'a str {
+    fn header(r: &HttpResponse, name: header::HeaderName) -> &str {
         r.headers()
             .get(name)
             .and_then(|v| v.to_str().ok())
