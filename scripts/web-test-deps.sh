@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the web page's browser test (tests/integration/web.rs) needs: Debian's Chromium
-# (/usr/bin/chromium, from apt; no browser download) and playwright-core, pinned in
-# tests/web/package-lock.json (npm ci). Idempotent: when both are there it only checks.
+# (/usr/bin/chromium, from apt; no browser download), playwright-core and axe-core, pinned in
+# tests/web/package-lock.json (npm ci). Idempotent: when all are there it only checks.
 # CHROMIUM=/path/to/chromium uses another Chromium instead of the apt package.
 set -euo pipefail
 
@@ -40,6 +40,6 @@ if [ -f "$web/node_modules/playwright-core/package.json" ] && cmp -s "$web/packa
     exit 0
 fi
 command -v npm >/dev/null 2>&1 || die "npm is needed to install playwright-core"
-say "npm ci in tests/web (playwright-core; no browser download)"
+say "npm ci in tests/web (playwright-core, axe-core; no browser download)"
 (cd "$web" && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
 cp "$web/package-lock.json" "$stamp"

@@ -11,7 +11,7 @@
 // Prints one `ok:` line per check and `PASS <scenario>`; exits 1 with `FAIL:` otherwise.
 // Screenshots go to --out (default: $TMPDIR).
 
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -33,6 +33,23 @@ const ANSWER_TIMEOUT_MS = Number(process.env.DOCENT_E2E_ANSWER_TIMEOUT_MS || 240
 if (!base || !['answer', 'keys'].includes(scenario)) {
   console.error('usage: node e2e.mjs BASE_URL answer|keys [--key KEY] [--out DIR]');
   process.exit(2);
+}
+
+const require = createRequire(import.meta.url);
+const axeSource = await readFile(require.resolve('axe-core/axe.min.js'), 'utf8');
+
+/** axe-core's WCAG 2.1 A/AA and best-practice rules on the page as it is now: fails on
+ * any serious or critical violation, lists the others. */
+async function audit(page, what) {
+  if (!(await page.evaluate(() => typeof window.axe !== 'undefined'))) await page.evaluate(axeSource);
+  const { violations, passes } = await page.evaluate(() => window.axe.run(document, {
+    runOnly: { type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa', 'best-practice'] },
+  }));
+  for (const v of violations) {
+    console.log(`axe ${v.impact}: ${v.id}: ${v.help} (${v.nodes.map((n) => n.target.join(' ')).join(', ')})`);
+  }
+  const bad = violations.filter((v) => v.impact === 'serious' || v.impact === 'critical');
+  check(bad.length === 0, `no serious or critical accessibility violations ${what} (axe-core: ${passes.length} rules pass, ${violations.length - bad.length} minor ones listed)`);
 }
 
 function ok(what) {
@@ -158,6 +175,7 @@ async function answerScenario(context) {
   check(await page.evaluate(() => document.activeElement && document.activeElement.id === 'passage'), 'the focus moved into the passage');
   await page.screenshot({ path: join(out, 'web-page.png') });
   ok(`screenshot: ${join(out, 'web-page.png')}`);
+  await audit(page, 'with an answer and a passage open');
   await page.keyboard.press('Escape');
   await panel.waitFor({ state: 'hidden', timeout: 5000 });
   await page.waitForFunction((num) => document.activeElement && document.activeElement.dataset.n === num, n, { timeout: 2000 });
@@ -165,6 +183,7 @@ async function answerScenario(context) {
 
   // a phone-width viewport: one column, the passage as a sheet at the bottom
   await page.setViewportSize({ width: 390, height: 844 });
+  await audit(page, 'on a phone');
   const overflow = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
   check(overflow <= 0, `nothing is wider than a phone screen (overflow ${overflow}px)`);
   await page.screenshot({ path: join(out, 'web-page-phone.png'), fullPage: true });
@@ -178,6 +197,7 @@ async function answerScenario(context) {
   await page.setViewportSize({ width: 1280, height: 900 });
   await page.emulateMedia({ colorScheme: 'dark' });
   await page.screenshot({ path: join(out, 'web-page-dark.png') });
+  await audit(page, 'in the dark scheme');
   await page.emulateMedia({ colorScheme: 'light' });
   ok(`screenshots: ${['web-page-phone.png', 'web-page-phone-passage.png', 'web-page-dark.png'].map((f) => join(out, f)).join(', ')}`);
 
@@ -264,6 +284,7 @@ async function keysScenario(context) {
   await dialog.waitFor({ timeout: 15000 });
   ok('the page asks for an API key');
   await page.screenshot({ path: join(out, 'web-page-key.png') });
+  await audit(page, 'with the key dialog open');
 
   await page.getByLabel('Key', { exact: true }).fill('not-the-right-key-0000');
   await page.locator('#key-save').click();
@@ -296,7 +317,7 @@ async function keysScenario(context) {
 const { context, profile } = await launch();
 let code = 0;
 try {
-  const playwright = createRequire(import.meta.url)('playwright-core/package.json').version;
+  const playwright = require('playwright-core/package.json').version;
   console.log(`browser: ${await browserVersion(context)} (${executablePath}), playwright-core ${playwright}`);
   const problems = scenario === 'answer' ? await answerScenario(context) : await keysScenario(context);
   check(problems.length === 0, `no page errors, console errors or outside requests${problems.length ? `: ${problems.join('; ')}` : ''}`);
