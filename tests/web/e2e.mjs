@@ -115,10 +115,12 @@ const documentItem = (page, source) => page.locator(`#documents li[data-source$=
 
 async function answerScenario(context) {
   const page = await context.newPage();
+  // the server shares the machine with the other tests: generous waits for its answers
+  page.setDefaultTimeout(60000);
   const problems = watch(page, [/status of 415/]);
   await openPage(page);
 
-  await documentItem(page, 'ch04-01-what-is-ownership.md').waitFor({ timeout: 30000 });
+  await documentItem(page, 'ch04-01-what-is-ownership.md').waitFor({ timeout: 60000 });
   ok('the documents list shows the ingested chapter');
   await page.locator('#readiness[data-state="ready"]').waitFor({ timeout: 10000 });
   ok('the readiness indicator says ready');
@@ -163,7 +165,7 @@ async function answerScenario(context) {
   check(label && label.startsWith(`Source ${n}: `), `citation marker ${n} is labelled for screen readers ("${label}")`);
   await marker.click();
   const panel = page.locator('#passage');
-  await panel.waitFor({ state: 'visible', timeout: 5000 });
+  await panel.waitFor({ state: 'visible', timeout: 10000 });
   const quote = (await page.locator('#passage-quote').textContent()).trim();
   const facts = await page.locator('#passage-facts').innerText();
   const title = await page.locator('#passage-title').textContent();
@@ -177,8 +179,8 @@ async function answerScenario(context) {
   ok(`screenshot: ${join(out, 'web-page.png')}`);
   await audit(page, 'with an answer and a passage open');
   await page.keyboard.press('Escape');
-  await panel.waitFor({ state: 'hidden', timeout: 5000 });
-  await page.waitForFunction((num) => document.activeElement && document.activeElement.dataset.n === num, n, { timeout: 2000 });
+  await panel.waitFor({ state: 'hidden', timeout: 10000 });
+  await page.waitForFunction((num) => document.activeElement && document.activeElement.dataset.n === num, n, { timeout: 5000 });
   ok('Escape closes the passage and the focus returns to the marker');
 
   // a phone-width viewport: one column, the passage as a sheet at the bottom
@@ -188,12 +190,12 @@ async function answerScenario(context) {
   check(overflow <= 0, `nothing is wider than a phone screen (overflow ${overflow}px)`);
   await page.screenshot({ path: join(out, 'web-page-phone.png'), fullPage: true });
   await marker.click();
-  await panel.waitFor({ state: 'visible', timeout: 5000 });
+  await panel.waitFor({ state: 'visible', timeout: 10000 });
   const sheet = await panel.boundingBox();
   check(sheet && sheet.width >= 380 && Math.abs(sheet.y + sheet.height - 844) <= 2, 'on a phone the passage is a sheet at the bottom of the screen');
   await page.screenshot({ path: join(out, 'web-page-phone-passage.png') });
   await page.keyboard.press('Escape');
-  await panel.waitFor({ state: 'hidden', timeout: 5000 });
+  await panel.waitFor({ state: 'hidden', timeout: 10000 });
   await page.setViewportSize({ width: 1280, height: 900 });
   await page.emulateMedia({ colorScheme: 'dark' });
   await page.screenshot({ path: join(out, 'web-page-dark.png') });
@@ -203,9 +205,9 @@ async function answerScenario(context) {
 
   // the same passage from the sources list
   await page.locator('#sources li button').first().click();
-  await panel.waitFor({ state: 'visible', timeout: 5000 });
+  await panel.waitFor({ state: 'visible', timeout: 10000 });
   await page.locator('#passage-close').click();
-  await panel.waitFor({ state: 'hidden', timeout: 5000 });
+  await panel.waitFor({ state: 'hidden', timeout: 10000 });
   ok('the sources list opens passages too');
 
   // settings persist
@@ -240,10 +242,10 @@ async function answerScenario(context) {
   await page.locator('#file-input').setInputFiles(chosen);
   for (const name of [dropped, 'web-e2e-tides.txt']) {
     const row = page.locator(`#uploads li[data-file="${name}"]`);
-    await row.waitFor({ timeout: 5000 });
+    await row.waitFor({ timeout: 10000 });
     await page.locator(`#uploads li[data-file="${name}"][data-state="done"]`).waitFor({ timeout: 120000 });
     ok(`upload of ${name} finished: ${(await row.locator('.state').textContent()).trim()}`);
-    await documentItem(page, name).waitFor({ timeout: 30000 });
+    await documentItem(page, name).waitFor({ timeout: 60000 });
     ok(`${name} is listed`);
   }
 
@@ -252,7 +254,7 @@ async function answerScenario(context) {
   await writeFile(bad, 'MZ not really a program');
   await page.locator('#file-input').setInputFiles(bad);
   const badRow = page.locator('#uploads li[data-file="web-e2e-tool.exe"][data-state="failed"]');
-  await badRow.waitFor({ timeout: 15000 });
+  await badRow.waitFor({ timeout: 60000 });
   const badText = await badRow.locator('.state').textContent();
   check(/unsupported file type/.test(badText), `an unsupported file shows the server's message ("${badText}")`);
 
@@ -261,10 +263,10 @@ async function answerScenario(context) {
     const item = documentItem(page, name);
     await item.locator('button.delete').click();
     const dialog = page.locator('#confirm');
-    await dialog.waitFor({ state: 'visible', timeout: 5000 });
+    await dialog.waitFor({ state: 'visible', timeout: 10000 });
     check(/will be removed/.test(await page.locator('#confirm-text').textContent()), `deleting ${name} asks for confirmation`);
     await page.locator('#confirm-delete').click();
-    await item.waitFor({ state: 'detached', timeout: 30000 });
+    await item.waitFor({ state: 'detached', timeout: 60000 });
     ok(`${name} is gone from the list`);
   }
   const listed = await page.evaluate(async () => (await (await fetch('/v1/documents')).json()).documents.map((d) => d.source));
@@ -277,11 +279,13 @@ async function answerScenario(context) {
 async function keysScenario(context) {
   if (!key) throw new Error('the keys scenario needs --key');
   const page = await context.newPage();
+  // the server shares the machine with the other tests: generous waits for its answers
+  page.setDefaultTimeout(60000);
   // the refused API calls are logged by the browser as failed resources
   const problems = watch(page, [/status of 401/]);
   await openPage(page);
   const dialog = page.getByRole('dialog', { name: 'API key' });
-  await dialog.waitFor({ timeout: 15000 });
+  await dialog.waitFor({ timeout: 60000 });
   ok('the page asks for an API key');
   await page.screenshot({ path: join(out, 'web-page-key.png') });
   await audit(page, 'with the key dialog open');
@@ -295,12 +299,12 @@ async function keysScenario(context) {
   await page.getByLabel(/Remember on this device/).check();
   await page.locator('#key-save').click();
   await dialog.waitFor({ state: 'hidden', timeout: 10000 });
-  await documentItem(page, 'ch04-01-what-is-ownership.md').waitFor({ timeout: 15000 });
+  await documentItem(page, 'ch04-01-what-is-ownership.md').waitFor({ timeout: 60000 });
   ok('with the right key the documents are listed');
   check(await page.evaluate(() => Boolean(localStorage.getItem('docent.apiKey'))), 'the key is remembered on this device');
 
   await page.reload({ waitUntil: 'domcontentloaded' });
-  await documentItem(page, 'ch04-01-what-is-ownership.md').waitFor({ timeout: 15000 });
+  await documentItem(page, 'ch04-01-what-is-ownership.md').waitFor({ timeout: 60000 });
   check(!(await dialog.isVisible()), 'after a reload the remembered key is used without asking');
 
   await page.locator('#forget-key').click();
@@ -308,8 +312,8 @@ async function keysScenario(context) {
   check(await page.evaluate(() => !localStorage.getItem('docent.apiKey') && !sessionStorage.getItem('docent.apiKey')),
     'Forget API key removes it and the page asks again');
   await page.keyboard.press('Escape');
-  await dialog.waitFor({ state: 'hidden', timeout: 5000 });
-  await page.getByRole('button', { name: 'Enter an API key' }).waitFor({ timeout: 5000 });
+  await dialog.waitFor({ state: 'hidden', timeout: 10000 });
+  await page.getByRole('button', { name: 'Enter an API key' }).waitFor({ timeout: 10000 });
   ok('cancelling leaves a way to enter a key later');
   return problems;
 }
