@@ -17,8 +17,10 @@ setup:
 build:
 	$(CARGO) build --workspace
 
-## Everything the project checks: model setup, unit and integration tests, formatting, lints.
+## Everything the project checks: model setup (and the openai client's venv), unit and integration
+## tests, formatting, lints.
 test: setup
+	@bash scripts/openai-venv.sh
 	@bash scripts/web-test-deps.sh
 	python3 scripts/check-module-cycles.py --self-test
 	python3 scripts/check-module-cycles.py

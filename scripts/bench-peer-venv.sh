@@ -3,7 +3,7 @@
 # (scripts/bench_ingest_peer.py, scripts/bench_query_peer.py), from PyPI with pinned versions.
 # Separate from models/.venv (the export environment of setup-models.sh) so neither can break
 # the other.
-# Idempotent: does nothing when the venv exists and its stamp matches the pins and the Python version.
+# Idempotent: does nothing when the venv exists and its stamp matches the pins (scripts/pinned-venv.sh).
 #
 #   semantic-text-splitter 0.33.1 = Python bindings of text-splitter 0.33.1 (what docent-ingest uses)
 #   onnxruntime / tokenizers / numpy: the versions setup-models.sh uses for the export
@@ -13,30 +13,6 @@
 #
 # Usage: bash scripts/bench-peer-venv.sh      then: models/.venv-peer/bin/python scripts/bench_ingest_peer.py ...
 set -euo pipefail
-
-root=$(cd "$(dirname "$0")/.." && pwd)
-models=${DOCENT_MODELS_DIR:-$root/models}
-py=${PYTHON:-python3}
-venv=$models/.venv-peer
-stamp=$venv/.docent-pins
-
-die() { echo "bench-peer-venv: $*" >&2; exit 1; }
-
-command -v "$py" >/dev/null 2>&1 || die "python3 is required"
-"$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
-  || die "Python 3.11 or newer is required (found $("$py" -V 2>&1)); set PYTHON=/path/to/python3.11"
-
-pins="onnxruntime==1.24.4 tokenizers==0.22.1 numpy==2.3.5 semantic-text-splitter==0.33.1 qdrant-client==1.20.0 qdrant-edge-py==0.7.2 fastapi==0.165.0 uvicorn==0.54.0"
-want="$pins $("$py" -V 2>&1)"
-if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
-  exit 0
-fi
-
-echo "bench-peer-venv: creating $venv"
-mkdir -p "$models"
-"$py" -m venv --clear "$venv"
-# shellcheck disable=SC2086
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --only-binary=:all: $pins \
-  || die "installing $pins into $venv failed (is PyPI reachable?)"
-echo "$want" > "$stamp"
-echo "bench-peer-venv: ready: $venv/bin/python"
+exec bash "$(dirname "$0")/pinned-venv.sh" .venv-peer 3.11 \
+  onnxruntime==1.24.4 tokenizers==0.22.1 numpy==2.3.5 semantic-text-splitter==0.33.1 \
+  qdrant-client==1.20.0 qdrant-edge-py==0.7.2 fastapi==0.165.0 uvicorn==0.54.0

@@ -193,12 +193,19 @@ pub fn normalise<B: actix_web::body::MessageBody + 'static>(
         });
     let (req, old) = res.into_parts();
     let mut new = ApiError::new(status, code_for(status), message).error_response();
-    for (name, value) in old.headers() {
+    keep_headers(old.headers(), &mut new);
+    Ok(actix_web::middleware::ErrorHandlerResponse::Response(
+        actix_web::dev::ServiceResponse::new(req, new).map_into_right_body(),
+    ))
+}
+
+/// Copies the headers of a response being replaced by a new body (`Retry-After`, request
+/// id…) onto the new one, except the body's own content type and length.
+pub fn keep_headers(old: &actix_web::http::header::HeaderMap, new: &mut HttpResponse) {
+    use actix_web::http::header;
+    for (name, value) in old {
         if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
             new.headers_mut().insert(name.clone(), value.clone());
         }
     }
-    Ok(actix_web::middleware::ErrorHandlerResponse::Response(
-        actix_web::dev::ServiceResponse::new(req, new).map_into_right_body(),
-    ))
 }

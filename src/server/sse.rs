@@ -2,8 +2,10 @@
 //! actix-web's maintainer): one `event: <type>` with a JSON `data:` line per event, and a
 //! `: keep-alive` comment whenever the stream has been quiet for the keep-alive period.
 
+use std::convert::Infallible;
 use std::time::Duration;
 
+use actix_web::{HttpRequest, HttpResponse, Responder};
 use actix_web_lab::sse::{Data, Event, Sse};
 use serde_json::json;
 
@@ -15,12 +17,25 @@ use crate::server::error::ApiError;
 pub fn sse(
     events: tokio::sync::mpsc::Receiver<QueryEvent>,
     keep_alive: Duration,
-) -> Sse<impl futures::Stream<Item = Result<Event, std::convert::Infallible>>> {
+) -> Sse<impl futures::Stream<Item = Result<Event, Infallible>>> {
     let stream = futures::stream::unfold(events, |mut events| async move {
         let e = events.recv().await?;
         Some((Ok(event(e)), events))
     });
     Sse::from_stream(stream).with_keep_alive(keep_alive)
+}
+
+/// A streamed response of `events`, with keep-alive comments. `Sse` sets the content type
+/// and `Cache-Control: no-cache`; proxies such as nginx must not buffer the stream either.
+pub fn respond<S>(req: &HttpRequest, events: Sse<S>) -> HttpResponse
+where
+    S: futures::Stream<Item = Result<Event, Infallible>> + 'static,
+{
+    events
+        .customize()
+        .insert_header(("X-Accel-Buffering", "no"))
+        .respond_to(req)
+        .map_into_boxed_body()
 }
 
 /// One answer event as an SSE event.

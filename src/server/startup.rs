@@ -193,11 +193,13 @@ impl Application {
                 .app_data(access.clone())
                 .app_data(load.clone())
                 .configure(|cfg| crate::server::routes::routes(cfg, max_body))
-                // outermost last: observe → one error shape → CORS → keys and rates (the
-                // load limits wrap each API resource: routes::routes)
+                // outermost last: observe → OpenAI's error shape on its paths → one error
+                // shape → CORS → keys and rates (the load limits wrap each API resource:
+                // routes::routes)
                 .wrap(from_fn(auth::gate))
                 .wrap(Condition::new(!origins.is_empty(), cors(&origins)))
                 .wrap(ErrorHandlers::new().default_handler(error::normalise))
+                .wrap(from_fn(crate::server::routes::openai::errors))
                 .wrap(from_fn(observe::observe))
         })
         .client_request_timeout(Duration::from_secs(s.request_timeout_s))

@@ -11,6 +11,7 @@ mod generation;
 mod hardening;
 mod helpers;
 mod ingest;
+mod openai;
 mod parsers;
 mod safety;
 mod streaming;

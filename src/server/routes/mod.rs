@@ -6,10 +6,12 @@
 //! | `POST /v1/query`, `POST /v1/search` | [`query`] |
 //! | `/v1/documents`, `/v1/documents/{id}`, `/v1/jobs/{id}` | [`documents`] |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics` | [`health`] |
+//! | `POST /v1/chat/completions`, `GET /v1/models`, `GET /v1/models/{model}` (OpenAI's format) | [`openai`] |
 //! | `GET /`, `GET /assets/{name}` (the web page; public) | [`webpage`] |
 
 pub mod documents;
 pub mod health;
+pub mod openai;
 pub mod query;
 pub mod webpage;
 
@@ -86,6 +88,24 @@ pub fn routes(cfg: &mut web::ServiceConfig, max_body_bytes: usize) {
         web::resource("/v1/jobs/{id}")
             .wrap(from_fn(limits::limit))
             .route(web::get().to(documents::job))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/chat/completions")
+            .wrap(from_fn(limits::limit))
+            .route(web::post().to(openai::chat_completions))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/models")
+            .wrap(from_fn(limits::limit))
+            .route(web::get().to(openai::models))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/models/{model}")
+            .wrap(from_fn(limits::limit))
+            .route(web::get().to(openai::model))
             .default_service(web::to(method_not_allowed)),
     )
     .service(

@@ -1,10 +1,10 @@
 //! `POST /v1/query` (an answer, as JSON or streamed) and `POST /v1/search` (retrieval only).
 
-use actix_web::{web, HttpRequest, HttpResponse, Responder};
+use actix_web::{web, HttpRequest, HttpResponse};
 
 use crate::query::{QueryEngine, QueryRequest, SearchRequest};
 use crate::server::error::ApiError;
-use crate::server::sse::sse;
+use crate::server::sse;
 
 pub async fn answer(
     req: HttpRequest,
@@ -15,13 +15,10 @@ pub async fn answer(
     let engine = engine.into_inner();
     if request.stream {
         let events = engine.answer_stream(request).await?;
-        // Sse sets the content type and `Cache-Control: no-cache`; proxies such as nginx
-        // must not buffer the stream either
-        return Ok(sse(events, engine.limits().keep_alive)
-            .customize()
-            .insert_header(("X-Accel-Buffering", "no"))
-            .respond_to(&req)
-            .map_into_boxed_body());
+        return Ok(sse::respond(
+            &req,
+            sse::sse(events, engine.limits().keep_alive),
+        ));
     }
     let response = engine.answer(request).await?;
     Ok(HttpResponse::Ok().json(response))
