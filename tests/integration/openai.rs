@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
 use serde_json::{json, Value};
 
-use crate::helpers::{client, get_json_as, models, own_server, repo, OWNERSHIP};
+use crate::helpers::{client, get_json, get_json_as, models, own_server, repo, OWNERSHIP};
 use docent::config::{hash_key, ApiKey, Scope};
 
 const KEY: &str = "openai-compatible-test-key-0123";
@@ -419,4 +419,52 @@ async fn over_the_rate_is_429_rate_limit_exceeded() {
         ),
         (429, "requests", "rate_limit_exceeded")
     );
+}
+
+/// A client that goes away mid-stream cancels the generation, as on `/v1/query`.
+#[tokio::test]
+async fn a_disconnect_cancels_the_generation() {
+    let (_dir, base) = tokio::task::spawn_blocking(|| {
+        own_server(|c| {
+            c.generation.cache_size = 0;
+            c.server.keep_alive_ms = 20;
+        })
+    })
+    .await
+    .unwrap();
+    let c = client();
+    // temperature 2 makes near-uniform tokens: no early end of sequence
+    let mut res = c
+        .post(format!("{base}/v1/chat/completions"))
+        .json(
+            &json!({"model": "docent", "stream": true, "max_tokens": 1000, "temperature": 2,
+                      "messages": [{"role": "user", "content": QUESTION}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    // the role chunk comes at once; then wait on keep-alives (text comes a sentence at a time)
+    let mut seen = String::new();
+    while seen.matches(": keep-alive").count() < 3 {
+        let bytes = res.chunk().await.unwrap().expect("the stream ended early");
+        seen.push_str(std::str::from_utf8(&bytes).unwrap());
+        assert!(!seen.contains("[DONE]"), "the answer ended early: {seen}");
+    }
+    assert!(seen.starts_with("data: {"), "{seen}");
+    let readyz = format!("{base}/readyz");
+    assert_eq!(get_json(&c, &readyz).await["generation"]["active"], 1);
+    let dropped = std::time::Instant::now();
+    drop(res);
+    loop {
+        let s = get_json(&c, &readyz).await["generation"].clone();
+        if s["cancelled"] == 1 && s["active"] == 0 {
+            break;
+        }
+        assert!(
+            dropped.elapsed() < std::time::Duration::from_secs(20),
+            "the generation was not cancelled: {s}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
