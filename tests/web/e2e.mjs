@@ -212,6 +212,7 @@ async function answerScenario(context) {
 
   // settings persist
   await page.locator('#open-settings').click();
+  await audit(page, 'with the settings open');
   await page.getByLabel('Passages (top_k)').fill('3');
   await page.getByLabel('Hybrid', { exact: true }).check();
   await page.getByLabel('Temperature').fill('0');
@@ -265,6 +266,7 @@ async function answerScenario(context) {
     const dialog = page.locator('#confirm');
     await dialog.waitFor({ state: 'visible', timeout: 10000 });
     check(/will be removed/.test(await page.locator('#confirm-text').textContent()), `deleting ${name} asks for confirmation`);
+    if (name === dropped) await audit(page, 'with the confirmation open');
     await page.locator('#confirm-delete').click();
     await item.waitFor({ state: 'detached', timeout: 60000 });
     ok(`${name} is gone from the list`);
