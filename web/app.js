@@ -251,7 +251,8 @@ function showSettingsSummary() {
     s.collection ? `collection “${s.collection}”` : 'all collections',
   ].filter(Boolean);
   $('settings-summary').textContent = parts.join(' · ');
-  $('settings-summary').setAttribute('aria-label', `Search settings: ${parts.join(', ')}. Change them`);
+  // the accessible name contains the visible text (speech input users say what they see)
+  $('settings-summary').setAttribute('aria-label', `Search settings: ${parts.join(' · ')}`);
   $('drop-collection').textContent = s.collection ? `Uploads go to the collection “${s.collection}”.` : '';
 }
 
