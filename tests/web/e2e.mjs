@@ -27,7 +27,7 @@ const key = option('--key', '');
 const out = option('--out', tmpdir());
 const executablePath = process.env.CHROMIUM || '/usr/bin/chromium';
 // a question about the ingested chapter that SmolLM2 answers in a few sentences
-const QUESTION = 'What happens when a variable goes out of scope?';
+const QUESTION = 'What are the rules of ownership, and what happens when a variable goes out of scope?';
 const ANSWER_TIMEOUT_MS = Number(process.env.DOCENT_E2E_ANSWER_TIMEOUT_MS || 240000);
 
 if (!base || !['answer', 'keys'].includes(scenario)) {
@@ -150,8 +150,18 @@ async function answerScenario(context) {
   const lengths = await page.evaluate(() => window.__lengths);
   console.log(`answer (${deltas} deltas, page text grew ${lengths.join(' → ')}): ${answerText}`);
   check(answerText.length > 20, 'an answer was shown');
-  check(deltas >= 2, `the answer arrived in ${deltas} SSE deltas (at least 2)`);
-  check(lengths.length >= 2, `the answer grew in the page in ${lengths.length} steps (at least 2)`);
+  // The server releases the answer a unit (a sentence or a line) at a time, once the next
+  // one has begun (src/query/postprocess/guard.rs), so an answer of n units arrives in n
+  // deltas. Which answer the model gives depends on the CPU's float rounding (AVX-512 or
+  // AVX2): the check follows the answer actually shown.
+  const units = answerText.split(/(?<=[.!?])\s+(?=\S)|\n+/).filter((u) => u.trim()).length;
+  console.log(`the answer has ${units} unit(s)`);
+  if (units >= 2) {
+    check(deltas >= 2, `an answer of ${units} units arrived in ${deltas} SSE deltas (at least 2)`);
+    check(lengths.length >= 2, `the answer grew in the page in ${lengths.length} steps (at least 2)`);
+  } else {
+    check(deltas === 1 && lengths.length >= 1, `a one-unit answer arrived in ${deltas} delta(s) and was shown`);
+  }
 
   const markers = page.locator('#answer button.cite');
   const markerCount = await markers.count();
