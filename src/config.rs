@@ -401,6 +401,10 @@ pub struct EmbeddingConfig {
     pub max_length: usize,
     pub threads: usize,
     pub batch_size: usize,
+    /// BM25 document weighting (`k1`, `b`, `avg_len` in BM25 tokens); changing it
+    /// re-embeds documents on their next ingest.
+    #[serde(default)]
+    pub bm25: docent_ingest::embed::Bm25Settings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -410,6 +414,11 @@ pub struct ChunkingConfig {
     pub max_tokens: usize,
     /// Tokens shared by neighbouring chunks.
     pub overlap: usize,
+    /// What a chunk's vectors see besides its text: `none`, `title` (the document's) or
+    /// `section` (the title and the Markdown heading path; the default). Changing it
+    /// re-embeds documents on their next ingest.
+    #[serde(default)]
+    pub headers: docent_ingest::pipeline::Headers,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -452,6 +461,13 @@ pub struct RetrievalConfig {
     /// Default 0.3: calibrated on SQuAD v2.0, where at most 1 % of answerable questions
     /// have their best chunk below 0.324 (`docent eval` prints the calibration).
     pub min_score: f32,
+    /// The refusal signal adds this weight × the share of the question's terms that the
+    /// retrieved chunks contain to the best chunk's cosine similarity; 0 (the default) =
+    /// cosine only. With 0.5 and a `min_score` calibrated by `docent eval` on your own
+    /// questions, far more unanswerable natural questions are refused (README,
+    /// "Retrieval quality"). At most 2.
+    #[serde(default)]
+    pub term_weight: f32,
     /// Refusal by content: below this score of the best retrieved sentence as an answer
     /// (the extractive answer's score: share of the question's content words and cosine),
     /// the question is refused; 0 = off (the default). On squad-v2.0's first 200
@@ -500,10 +516,12 @@ impl Default for Config {
                 max_length: 256,
                 threads: 2,
                 batch_size: 8,
+                bm25: Default::default(),
             },
             chunking: ChunkingConfig {
                 max_tokens: 200,
                 overlap: 24,
+                headers: Default::default(),
             },
             ingest: IngestConfig {
                 workers: 0,
@@ -513,6 +531,7 @@ impl Default for Config {
             retrieval: RetrievalConfig {
                 mode: docent_ingest::store::SearchMode::Hybrid,
                 min_score: 0.3,
+                term_weight: 0.0,
                 min_support: 0.0,
                 fusion: docent_ingest::store::Fusion::default(),
                 top_k: 3,
@@ -566,6 +585,7 @@ impl Config {
         crate::query::Limits {
             default_mode: c.retrieval.mode,
             min_score: c.retrieval.min_score,
+            term_weight: c.retrieval.term_weight,
             min_support: c.retrieval.min_support,
             default_top_k: c.retrieval.top_k,
             max_top_k: c.retrieval.max_top_k,
@@ -687,11 +707,49 @@ impl Config {
                 ),
             );
         }
-        if !(-1.0..=1.0).contains(&self.retrieval.min_score) {
+        let bm25 = self.embedding.bm25;
+        if !(bm25.k1 > 0.0 && bm25.k1 <= 10.0) {
+            return invalid(
+                "embedding.bm25.k1",
+                format!(
+                    "is BM25's term saturation, between 0 and 10 (usually 1.2), got {}",
+                    bm25.k1
+                ),
+            );
+        }
+        if !(0.0..=1.0).contains(&bm25.b) {
+            return invalid(
+                "embedding.bm25.b",
+                format!(
+                    "is BM25's length normalisation, between 0 and 1 (usually 0.75), got {}",
+                    bm25.b
+                ),
+            );
+        }
+        if !(bm25.avg_len >= 1.0 && bm25.avg_len.is_finite()) {
+            return invalid(
+                "embedding.bm25.avg_len",
+                format!(
+                    "is a length in BM25 tokens, at least 1, got {}",
+                    bm25.avg_len
+                ),
+            );
+        }
+        if !(0.0..=2.0).contains(&self.retrieval.term_weight) {
+            return invalid(
+                "retrieval.term_weight",
+                format!(
+                    "is a weight between 0 (cosine only) and 2, got {}",
+                    self.retrieval.term_weight
+                ),
+            );
+        }
+        let most = 1.0 + self.retrieval.term_weight;
+        if !(-1.0..=most).contains(&self.retrieval.min_score) {
             return invalid(
                 "retrieval.min_score",
                 format!(
-                    "is a cosine similarity and must be between -1 and 1, got {}",
+                    "is a refusal score (cosine similarity + term_weight × term share) and must be between -1 and {most}, got {}",
                     self.retrieval.min_score
                 ),
             );
@@ -1012,6 +1070,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("does not exist"), "{e}");
+    }
+
+    #[test]
+    fn retrieval_weights_are_checked() {
+        let mut c = Config::default();
+        c.retrieval.term_weight = 3.0;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("retrieval.term_weight"), "{e}");
+        // with the terms in the signal, min_score may go above a cosine's 1
+        let mut c = Config::default();
+        c.retrieval.term_weight = 0.5;
+        c.retrieval.min_score = 1.2;
+        c.validate().unwrap();
+        c.retrieval.min_score = 1.6;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("retrieval.min_score") && e.contains("1.5"),
+            "{e}"
+        );
+        let mut c = Config::default();
+        c.embedding.bm25.b = 1.5;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("embedding.bm25.b"), "{e}");
+        let mut c = Config::default();
+        c.embedding.bm25.avg_len = f64::NAN;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("embedding.bm25.avg_len"), "{e}");
     }
 
     #[test]

@@ -114,6 +114,10 @@ enum Command {
         /// Print one JSON object keyed by mode instead of the table.
         #[arg(long)]
         json: bool,
+        /// Also write each question's dense and BM25 candidate lists (JSON lines) to this
+        /// file, for analysis outside docent.
+        #[arg(long)]
+        dump: Option<PathBuf>,
     },
     /// Precision and recall of the PII detector per kind on a labelled set.
     EvalPii {
@@ -496,6 +500,7 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             answers,
             answer_mode,
             json,
+            dump,
         } => {
             let answer_mode = match answer_mode.as_str() {
                 "generative" => docent::query::AnswerMode::Generative,
@@ -520,7 +525,7 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             let data = Arc::new(data);
             let d = data.clone();
             let evaluated = tokio::task::spawn_blocking(move || {
-                docent::tools::eval::run(&config, &d, &modes, limit)
+                docent::tools::eval::run(&config, &d, &modes, limit, dump.as_deref())
             })
             .await??;
             let mut report = evaluated.report;

@@ -39,6 +39,30 @@ pub struct EmbedderConfig {
     pub threads: usize,
     /// Texts per ONNX run.
     pub batch_size: usize,
+    /// BM25 document weighting of the sparse vectors.
+    pub bm25: Bm25Settings,
+}
+
+/// BM25's document-side parameters (the engine applies IDF at query time). `avg_len` is
+/// the length, in the BM25 tokenizer's tokens (stop words removed), at which a chunk is
+/// neither favoured nor penalised for its length.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bm25Settings {
+    pub k1: f64,
+    pub b: f64,
+    pub avg_len: f64,
+}
+
+impl Default for Bm25Settings {
+    /// Qdrant's defaults.
+    fn default() -> Self {
+        Bm25Settings {
+            k1: 1.2,
+            b: 0.75,
+            avg_len: 256.0,
+        }
+    }
 }
 
 /// Embeds texts. Cheap to share (`Arc`); the ONNX session runs one batch at a time.
@@ -148,8 +172,7 @@ impl Embedder {
             .first()
             .map(Vec::len)
             .ok_or_else(|| Error::Embed("model returned no embedding".into()))?;
-        let bm25 = EdgeBm25::new(EdgeBm25Config::default())
-            .map_err(|e| Error::Embed(format!("BM25: {e}")))?;
+        let bm25 = bm25_model(&config.bm25)?;
         Ok(Embedder {
             model: Mutex::new(model),
             bm25,
@@ -193,6 +216,13 @@ impl Embedder {
             .map_err(|e| Error::Embed(e.to_string()))
     }
 
+    /// The BM25 settings as part of the index's pipeline fingerprint; `None` for Qdrant's
+    /// defaults (what indexes written before the settings existed used).
+    pub fn bm25_fingerprint(&self) -> Option<String> {
+        let b = self.config.bm25;
+        (b != Bm25Settings::default()).then(|| format!("{}/{}/{}", b.k1, b.b, b.avg_len))
+    }
+
     /// The BM25 vector of a document (chunk) text; cheap, needs no model.
     pub fn embed_sparse_document(&self, text: &str) -> SparseVector {
         sparse(self.bm25.embed_document(text))
@@ -202,6 +232,21 @@ impl Embedder {
     pub fn embed_sparse_query(&self, text: &str) -> SparseVector {
         sparse(self.bm25.embed_query(text))
     }
+}
+
+/// Qdrant's BM25 embedder (its tokenizer, stop words and stemmer) with `settings`.
+pub fn bm25_model(settings: &Bm25Settings) -> Result<EdgeBm25> {
+    let invalid = |what: &str| Error::Embed(format!("BM25: {what}"));
+    let not_nan = |v: f64, what: &str| {
+        qdrant_edge::external::ordered_float::NotNan::new(v).map_err(|_| invalid(what))
+    };
+    EdgeBm25::new(EdgeBm25Config {
+        k: not_nan(settings.k1, "k1 is not a number")?,
+        b: not_nan(settings.b, "b is not a number")?,
+        avg_len: not_nan(settings.avg_len, "avg_len is not a number")?,
+        ..EdgeBm25Config::default()
+    })
+    .map_err(|e| invalid(&e.to_string()))
 }
 
 /// The engine's BM25 vector as the store's type (the store, not the embedder, knows
@@ -233,6 +278,7 @@ mod tests {
             max_length: 256,
             threads: 1,
             batch_size: 8,
+            bm25: Default::default(),
         })
         .err()
         .unwrap();

@@ -105,6 +105,64 @@ pub struct PipelineConfig {
     /// grew large enough ([`Store::optimize`]); off when a caller batches many runs and
     /// optimizes once at the end.
     pub optimize: bool,
+    /// What each chunk's vectors see besides its text ([`Headers`]).
+    pub headers: Headers,
+}
+
+/// Context put before a chunk's text when it is embedded (dense and BM25 vectors; the
+/// stored text, spans and citations are the chunk alone). A chunk in the middle of a long
+/// document rarely names what it is about: its document title and section headings do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Headers {
+    /// The chunk's text only.
+    None,
+    /// The document title.
+    Title,
+    /// The document title and the Markdown heading path the chunk starts under.
+    #[default]
+    Section,
+}
+
+/// Longest context line, in characters (about 30 model tokens).
+pub const MAX_HEADER_CHARS: usize = 120;
+
+impl Headers {
+    /// The context line for a chunk of a document titled `title` that starts under
+    /// `heading` (a ` › `-joined path); `None` when there is nothing to add. A heading path
+    /// that starts with the title does not repeat it.
+    pub fn line(self, title: &str, heading: &str) -> Option<String> {
+        let title = title.trim();
+        let heading = heading.trim();
+        let line = match self {
+            Headers::None => return None,
+            Headers::Title => title.to_string(),
+            Headers::Section if heading.is_empty() => title.to_string(),
+            Headers::Section if title.is_empty() || heading.starts_with(title) => {
+                heading.to_string()
+            }
+            Headers::Section => format!("{title} › {heading}"),
+        };
+        // a header is a few words: it must leave the chunk its place in the model's input
+        let line: String = line.chars().take(MAX_HEADER_CHARS).collect();
+        (!line.is_empty()).then_some(line)
+    }
+
+    /// The text a chunk's vectors are made from.
+    pub fn embedded_text<'t>(self, title: &str, chunk: &'t Chunk) -> std::borrow::Cow<'t, str> {
+        match self.line(title, &chunk.heading) {
+            Some(line) => format!("{line}\n\n{}", chunk.text).into(),
+            None => chunk.text.as_str().into(),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Headers::None => "none",
+            Headers::Title => "title",
+            Headers::Section => "section",
+        }
+    }
 }
 
 impl Default for PipelineConfig {
@@ -115,6 +173,7 @@ impl Default for PipelineConfig {
             write_queue: 4,
             flush_every: 4096,
             optimize: true,
+            headers: Headers::default(),
         }
     }
 }
@@ -459,8 +518,10 @@ impl Ingestor {
         let mut chunks = chunks;
         order_for_batching(&mut chunks);
         let batch_size = self.embedder.config().batch_size.max(1);
-        let (tx, rx) =
-            sync_channel::<Vec<(ChunkPayload, Vec<f32>)>>(self.config.write_queue.max(1));
+        // (payload, dense vector, the text the vectors are made from when it is not the
+        // chunk's own)
+        type Embedded = (ChunkPayload, Vec<f32>, Option<String>);
+        let (tx, rx) = sync_channel::<Vec<Embedded>>(self.config.write_queue.max(1));
         std::thread::scope(|scope| {
             // BM25 vectors are made here, beside the model rather than in its way
             let writer = scope.spawn(move || -> Result<()> {
@@ -469,8 +530,10 @@ impl Ingestor {
                     unflushed += batch.len();
                     let points = batch
                         .into_iter()
-                        .map(|(p, dense)| {
-                            let sparse = self.embedder.embed_sparse_document(&p.text);
+                        .map(|(p, dense, embedded)| {
+                            let sparse = self
+                                .embedder
+                                .embed_sparse_document(embedded.as_deref().unwrap_or(&p.text));
                             (p, Embedding { dense, sparse })
                         })
                         .collect();
@@ -490,16 +553,29 @@ impl Ingestor {
                 if batch.is_empty() {
                     break Ok(());
                 }
-                let texts: Vec<&str> = batch.iter().map(|c| c.text.as_str()).collect();
-                let embeddings = match self.embedder.embed_dense(&texts) {
+                let headers = self.config.headers;
+                let texts: Vec<std::borrow::Cow<'_, str>> = batch
+                    .iter()
+                    .map(|c| headers.embedded_text(&doc.title, c))
+                    .collect();
+                let refs: Vec<&str> = texts.iter().map(|t| t.as_ref()).collect();
+                let embeddings = match self.embedder.embed_dense(&refs) {
                     Ok(e) => e,
                     Err(e) => break Err(e),
                 };
                 let k = batch.len();
+                let owned: Vec<Option<String>> = texts
+                    .into_iter()
+                    .map(|t| match t {
+                        std::borrow::Cow::Owned(t) => Some(t),
+                        std::borrow::Cow::Borrowed(_) => None,
+                    })
+                    .collect();
                 let points = batch
                     .into_iter()
                     .zip(embeddings)
-                    .map(|(c, e)| (self.payload(doc, c, n, pipeline, origins), e))
+                    .zip(owned)
+                    .map(|((c, e), t)| (self.payload(doc, c, n, pipeline, origins), e, t))
                     .collect();
                 if tx.send(points).is_err() {
                     break Ok(()); // the writer failed: its error is reported below
@@ -548,12 +624,72 @@ impl Ingestor {
     }
 
     /// How chunks are made now: the embedding model and the chunking settings.
+    /// A setting left at its old default adds nothing, so indexes written before it
+    /// existed still match.
     fn fingerprint(&self) -> String {
-        format!(
+        let mut f = format!(
             "{}/{}/{}",
             self.embedder.model_sha256().get(..16).unwrap_or(""),
             self.splitter.max_tokens(),
             self.splitter.overlap()
-        )
+        );
+        if self.config.headers != Headers::None {
+            f.push_str("/h:");
+            f.push_str(self.config.headers.name());
+        }
+        if let Some(bm25) = self.embedder.bm25_fingerprint() {
+            f.push_str("/bm25:");
+            f.push_str(&bm25);
+        }
+        f
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(text: &str, heading: &str) -> Chunk {
+        Chunk {
+            index: 0,
+            text: text.into(),
+            start: 0,
+            end: text.len(),
+            heading: heading.into(),
+        }
+    }
+
+    #[test]
+    fn headers_name_the_document_and_section_without_repeating_the_title() {
+        let c = chunk("It moves the value.", "Ownership › Move");
+        assert_eq!(
+            Headers::None.embedded_text("Book", &c),
+            "It moves the value."
+        );
+        assert_eq!(
+            Headers::Title.embedded_text("Book", &c),
+            "Book\n\nIt moves the value."
+        );
+        assert_eq!(
+            Headers::Section.embedded_text("Book", &c),
+            "Book › Ownership › Move\n\nIt moves the value."
+        );
+        // a Markdown title is its first heading: said once
+        assert_eq!(
+            Headers::Section
+                .line("Ownership", "Ownership › Move")
+                .as_deref(),
+            Some("Ownership › Move")
+        );
+        assert_eq!(Headers::Section.line("Book", "").as_deref(), Some("Book"));
+        assert_eq!(Headers::Section.line(" ", ""), None);
+        // the chunk's own text is borrowed when nothing is added
+        assert!(matches!(
+            Headers::Title.embedded_text("", &c),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        let long = "word ".repeat(100);
+        let line = Headers::Title.line(&long, "").unwrap();
+        assert_eq!(line.chars().count(), MAX_HEADER_CHARS);
     }
 }

@@ -23,6 +23,10 @@ pub struct Chunk {
     /// Byte range in [`Document::text`]: `&doc.text[start..end] == text`.
     pub start: usize,
     pub end: usize,
+    /// The Markdown headings in force where the chunk starts, outermost first, joined by
+    /// ` › ` (empty for plain text and before the first heading): the section the chunk
+    /// belongs to, which its own text often does not name.
+    pub heading: String,
 }
 
 /// Splits documents into chunks of at most `max_tokens` tokens with `overlap` tokens shared
@@ -148,6 +152,10 @@ impl Splitter {
                 .flat_map(|h| h.join().unwrap_or_default())
                 .collect()
         });
+        let headings = match doc.format {
+            Format::Markdown => headings(&doc.text),
+            Format::Text => Vec::new(),
+        };
         pieces
             .into_iter()
             .filter(|(_, t)| !t.trim().is_empty())
@@ -157,9 +165,93 @@ impl Splitter {
                 text: text.to_string(),
                 start,
                 end: start + text.len(),
+                heading: heading_at(&headings, start),
             })
             .collect()
     }
+}
+
+/// A Markdown ATX heading: where its line starts, its level (1–6) and its text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Heading {
+    at: usize,
+    level: usize,
+    text: String,
+}
+
+/// Longest heading text kept per level (a heading is a title, not a paragraph).
+const MAX_HEADING_CHARS: usize = 80;
+
+/// The ATX headings (`# …` to `###### …`) of a Markdown text, in order; lines inside
+/// fenced code blocks (``` or ~~~) are not headings.
+fn headings(text: &str) -> Vec<Heading> {
+    let mut out = Vec::new();
+    let mut fence: Option<&str> = None;
+    let mut at = 0;
+    for line in text.split_inclusive('\n') {
+        let start = at;
+        at += line.len();
+        let trimmed = line.trim_start_matches(' ');
+        if line.len() - trimmed.len() > 3 {
+            continue; // indented code
+        }
+        let trimmed = trimmed.trim_end();
+        if let Some(open) = fence {
+            if trimmed.starts_with(open) {
+                fence = None;
+            }
+            continue;
+        }
+        if trimmed.starts_with("```") {
+            fence = Some("```");
+            continue;
+        }
+        if trimmed.starts_with("~~~") {
+            fence = Some("~~~");
+            continue;
+        }
+        let level = trimmed.bytes().take_while(|&b| b == b'#').count();
+        if !(1..=6).contains(&level) {
+            continue;
+        }
+        let rest = &trimmed[level..];
+        if !(rest.is_empty() || rest.starts_with([' ', '\t'])) {
+            continue; // `#hashtag`, not a heading
+        }
+        // a closing sequence of #s is not part of the text
+        let title = rest.trim().trim_end_matches('#').trim_end();
+        if title.is_empty() {
+            continue;
+        }
+        out.push(Heading {
+            at: start,
+            level,
+            text: title.chars().take(MAX_HEADING_CHARS).collect(),
+        });
+    }
+    out
+}
+
+/// Whether a text has Markdown ATX headings outside code blocks (how `docent eval` tells
+/// Markdown passages from plain ones, as `docent ingest` tells them by file name).
+pub fn has_headings(text: &str) -> bool {
+    !headings(text).is_empty()
+}
+
+/// The heading path in force at byte `offset`: for each level, the last heading at or
+/// before `offset` that no higher-level heading closed since.
+fn heading_at(headings: &[Heading], offset: usize) -> String {
+    let mut path: Vec<&Heading> = Vec::new();
+    for h in headings.iter().take_while(|h| h.at <= offset) {
+        while path.last().is_some_and(|p| p.level >= h.level) {
+            path.pop();
+        }
+        path.push(h);
+    }
+    path.iter()
+        .map(|h| h.text.as_str())
+        .collect::<Vec<_>>()
+        .join(" › ")
 }
 
 /// Counts the tokens of a candidate chunk from one tokenization of the whole section: the
@@ -320,6 +412,35 @@ mod tests {
         // coverage: first and last word present
         assert!(chunks[0].text.starts_with("word0"));
         assert!(chunks.last().unwrap().text.ends_with("word99"));
+    }
+
+    #[test]
+    fn chunks_carry_the_heading_path_they_start_under() {
+        let text = "Intro text here.\n\n# Guide\n\nalpha beta\n\n## Install #\n\ngamma delta\n\n\
+                    ```sh\n# not a heading\n```\n\n### On Linux\n\nepsilon\n\n## Use\n\nzeta eta\n\n#tag\n";
+        let h = headings(text);
+        let names: Vec<(usize, &str)> = h.iter().map(|h| (h.level, h.text.as_str())).collect();
+        assert_eq!(
+            names,
+            [(1, "Guide"), (2, "Install"), (3, "On Linux"), (2, "Use")]
+        );
+        let at = |needle: &str| heading_at(&h, text.find(needle).unwrap());
+        assert_eq!(at("Intro"), "");
+        assert_eq!(at("alpha"), "Guide");
+        assert_eq!(at("## Install"), "Guide › Install");
+        assert_eq!(at("# not"), "Guide › Install");
+        assert_eq!(at("epsilon"), "Guide › Install › On Linux");
+        // a level-2 heading closes the level-3 one under the previous level 2
+        assert_eq!(at("zeta"), "Guide › Use");
+        // through the splitter: Markdown chunks carry it, plain text never does
+        let s = Splitter::new(word_tokenizer(), 6, 0, 16).unwrap();
+        let md = s.split(&doc(text, Format::Markdown));
+        let last = md.iter().find(|c| c.text.contains("zeta")).unwrap();
+        assert_eq!(last.heading, "Guide › Use");
+        assert!(s
+            .split(&doc(text, Format::Text))
+            .iter()
+            .all(|c| c.heading.is_empty()));
     }
 
     #[test]

@@ -172,9 +172,12 @@ impl QueryEngine {
         };
         let mode = q.search.mode;
         let (retrieved, scores) = self.retrieve(q.search.clone()).await?;
-        let relevant = retrieved
-            .best_dense
-            .is_some_and(|s| s >= q.search.min_score);
+        let relevant = crate::query::retrieve::relevance(
+            retrieved.best_dense,
+            retrieved.coverage,
+            q.search.term_weight,
+        )
+        .is_some_and(|s| s >= q.search.min_score);
         let retrieval_ms = retrieved.elapsed_ms;
         let search_of =
             |hits: &[Hit], scores: Vec<crate::query::retrieve::Scores>| SearchResponse {

@@ -109,6 +109,11 @@ impl QueryEngine {
             .index
             .retrieve_scored(&s.question, s.top_k, s.mode, &s.filter)
             .await?;
+        if s.term_weight > 0.0 {
+            // the chunks as retrieved, before their neighbours are joined
+            let texts = retrieved.hits.iter().map(|h| h.payload.text.as_str());
+            retrieved.coverage = self.index.term_coverage(&retrieved.terms, texts);
+        }
         self.index.expand(&mut retrieved.hits, s.neighbors).await?;
         Ok((retrieved, scores))
     }

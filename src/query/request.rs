@@ -94,8 +94,11 @@ pub struct ValidQuery {
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub default_mode: SearchMode,
-    /// Refuse without the model when the best chunk's cosine similarity is below this.
+    /// Refuse without the model when the refusal signal is below this.
     pub min_score: f32,
+    /// The weight of the question's terms in the refusal signal
+    /// ([`crate::query::retrieve::relevance`]).
+    pub term_weight: f32,
     /// Refuse when the best retrieved sentence scores below this as an answer; 0 = off.
     pub min_support: f32,
     pub default_top_k: usize,
@@ -138,6 +141,8 @@ pub struct ValidSearch {
     pub top_k: usize,
     pub mode: SearchMode,
     pub min_score: f32,
+    /// `retrieval.term_weight` (server-wide).
+    pub term_weight: f32,
     pub filter: SearchFilter,
     pub neighbors: usize,
 }
@@ -233,10 +238,11 @@ impl SearchRequest {
             );
         }
         let min_score = self.retrieval.min_score.unwrap_or(limits.min_score);
-        if !(-1.0..=1.0).contains(&min_score) {
+        let most = 1.0 + limits.term_weight;
+        if !(-1.0..=most).contains(&min_score) {
             return invalid(
                 "retrieval.min_score",
-                format!("must be a cosine similarity between -1 and 1, got {min_score}"),
+                format!("must be a refusal score between -1 and {most}, got {min_score}"),
             );
         }
         let neighbors = self.retrieval.neighbors.unwrap_or(limits.default_neighbors);
@@ -250,6 +256,7 @@ impl SearchRequest {
             question,
             top_k,
             min_score,
+            term_weight: limits.term_weight,
             mode: self.retrieval.mode.unwrap_or(limits.default_mode),
             filter: self.retrieval.filter,
             neighbors,

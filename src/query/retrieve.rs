@@ -52,7 +52,25 @@ pub struct Retrieved {
     /// Cosine similarity of the chunk nearest to the question (the refusal signal,
     /// whatever the mode); `None` when the index has no matching chunk.
     pub best_dense: Option<f32>,
+    /// Share of the question's BM25 terms found in the retrieved chunk that has the most of
+    /// them ([`Index::term_coverage`]); part of the refusal signal ([`relevance`]). Only
+    /// computed (by the caller) when `retrieval.term_weight` uses it; 0 otherwise.
+    pub coverage: f32,
+    /// The question's BM25 term ids.
+    pub terms: Vec<u32>,
     pub elapsed_ms: f64,
+}
+
+/// The refusal signal: the best chunk's cosine similarity plus `term_weight` × the share
+/// of the question's terms that the retrieved chunks contain (`retrieval.term_weight`);
+/// the question is refused below `retrieval.min_score`. `None` when nothing was found.
+///
+/// Natural questions that the documents cannot answer still land near a chunk about the
+/// same subject (a close cosine), but their specific words are missing from it: on the
+/// visible natural-question sets the sum refuses far more of them at the same false
+/// refusals (README, "Retrieval quality").
+pub fn relevance(best_dense: Option<f32>, coverage: f32, term_weight: f32) -> Option<f32> {
+    best_dense.map(|d| d + term_weight * coverage)
 }
 
 impl Index {
@@ -166,10 +184,28 @@ impl Index {
             Retrieved {
                 hits,
                 best_dense,
+                coverage: 0.0,
+                terms: query.sparse.indices.clone(),
                 elapsed_ms: started.elapsed().as_secs_f64() * 1e3,
             },
             scores,
         ))
+    }
+
+    /// The largest share of the question's BM25 terms (after the BM25 tokenizer: stop
+    /// words out, stemmed) that one of `texts` contains; 0 for a question without terms.
+    pub fn term_coverage<'t>(&self, terms: &[u32], texts: impl Iterator<Item = &'t str>) -> f32 {
+        let asked: HashSet<u32> = terms.iter().copied().collect();
+        if asked.is_empty() {
+            return 0.0;
+        }
+        texts
+            .map(|t| {
+                let found = self.embedder.embed_sparse_document(t).indices;
+                let shared = found.iter().filter(|i| asked.contains(i)).count();
+                shared as f32 / asked.len() as f32
+            })
+            .fold(0.0, f32::max)
     }
 
     /// Neighbour expansion: joins up to `n` chunks before and after each hit (same

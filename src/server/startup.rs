@@ -32,6 +32,7 @@ pub async fn open_index(config: &Config) -> anyhow::Result<Index> {
         max_length: e.max_length,
         threads: e.threads,
         batch_size: e.batch_size,
+        bm25: e.bm25,
     })?);
     let location = config.store.location(&config.data_dir);
     let engine = docent_ingest::store::open_index(&location, embedder.dim()).await?;
@@ -80,7 +81,10 @@ pub fn ingestor_with(
         splitter,
         index.embedder.clone(),
         index.store.clone(),
-        pipeline,
+        docent_ingest::pipeline::PipelineConfig {
+            headers: config.chunking.headers,
+            ..pipeline
+        },
     ))
 }
 

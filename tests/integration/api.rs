@@ -551,6 +551,42 @@ async fn below_min_score_the_model_is_not_asked() {
     .await;
 }
 
+/// `retrieval.term_weight`: the refusal signal is the best chunk's cosine plus the weight
+/// times the share of the question's terms that the retrieved chunks contain, so a
+/// question whose words are in the chunk clears a threshold above its cosine, and one
+/// above cosine + weight is refused whatever the chunks say.
+#[tokio::test]
+async fn the_question_terms_weigh_in_the_refusal_signal() {
+    let (_dir, base) = own_server(|c| c.retrieval.term_weight = 0.5);
+    let c = client();
+    let question = "What happens to a value when its owner goes out of scope?";
+    let search = json!({"question": question, "retrieval": {"mode": "dense", "top_k": 1}});
+    let body = post_json(&c, &format!("{base}/v1/search"), &search).await;
+    let cosine = body["hits"][0]["score"].as_f64().expect("a dense hit");
+    let ask = |min_score: f64| {
+        let body = json!({"question": question,
+                          "retrieval": {"min_score": min_score},
+                          "generation": {"max_tokens": 4}});
+        let (c, url) = (c.clone(), format!("{base}/v1/query"));
+        async move { post_json(&c, &url, &body).await }
+    };
+    // "value", "owner", "scope"… are in the ownership chapter: the terms lift the signal
+    let body = ask(cosine + 0.05).await;
+    assert_eq!(body["answerable"], true, "cosine {cosine}: {body}");
+    // the terms add at most the weight
+    let body = ask(cosine + 0.51).await;
+    assert_eq!(body["answerable"], false, "cosine {cosine}: {body}");
+    assert_eq!(body["usage"]["completion_tokens"], 0, "{body}");
+    // beyond 1 + term_weight no signal can reach: a clear error, not a silent refusal
+    expect_error(
+        c.post(format!("{base}/v1/query"))
+            .json(&json!({"question": "x", "retrieval": {"min_score": 1.6}})),
+        422,
+        "invalid_request",
+    )
+    .await;
+}
+
 /// A request's stop sequences end the answer exactly where greedy generation first
 /// produces them; the stop text is never part of the answer.
 #[tokio::test]

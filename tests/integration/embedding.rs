@@ -25,6 +25,7 @@ fn onnx_export_matches_numpy_reference() {
         max_length: 256,
         threads: 2,
         batch_size: 4, // several batches, padded differently
+        bm25: Default::default(),
     })
     .expect("load embedder");
     assert_eq!(embedder.dim(), 384);
@@ -65,6 +66,7 @@ fn int8_model_agrees_with_fp32_through_fastembed() {
             max_length: 256,
             threads: 2,
             batch_size: 4,
+            bm25: Default::default(),
         })
         .expect("load embedder")
     };
@@ -102,6 +104,7 @@ fn concurrent_questions_are_batched_with_unchanged_vectors() {
             max_length: 256,
             threads: 2,
             batch_size: 16,
+            bm25: Default::default(),
         })
         .unwrap(),
     );

@@ -194,6 +194,21 @@ pub struct RefusalReport {
     pub strict_false_refusal: f64,
 }
 
+impl RefusalReport {
+    /// The two thresholds of the sweep and the rates they give, in words.
+    fn sweep(&self) -> String {
+        format!(
+            "at <= 10 % false refusals, threshold {:.3} refuses {:.1} % ({:.1} % false); at <= 1 %, {:.3} refuses {:.1} % ({:.1} % false)",
+            self.best_threshold,
+            100.0 * self.best_correct_refusal,
+            100.0 * self.best_false_refusal,
+            self.strict_threshold,
+            100.0 * self.strict_correct_refusal,
+            100.0 * self.strict_false_refusal
+        )
+    }
+}
+
 fn refusal(scores: &[(f32, bool)], min_score: f32) -> Option<RefusalReport> {
     let answerable: Vec<f32> = scores.iter().filter(|s| s.1).map(|s| s.0).collect();
     let unanswerable: Vec<f32> = scores.iter().filter(|s| !s.1).map(|s| s.0).collect();
@@ -243,6 +258,12 @@ pub struct EvalReport {
     /// Present when the set has unanswerable questions.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refusal: Option<RefusalReport>,
+    /// The same with the question's terms in the signal: best cosine + `term_weight` × the
+    /// share of the question's BM25 terms in the best-covered of the top_k chunks
+    /// ([`crate::query::retrieve::relevance`]); `retrieval.term_weight`, or 0.5 when it
+    /// is 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refusal_with_terms: Option<(f32, RefusalReport)>,
     /// Full question answering with the LLM (`--answers N`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub answers: Option<AnswerReport>,
@@ -762,6 +783,7 @@ pub fn run(
     data: &Dataset,
     modes: &[SearchMode],
     limit: Option<usize>,
+    dump: Option<&Path>,
 ) -> anyhow::Result<Evaluated> {
     let tmp = std::env::temp_dir().join(format!("docent-eval-{}", std::process::id()));
     let cleanup = RemoveOnDrop(tmp.clone());
@@ -774,7 +796,12 @@ pub fn run(
         .corpus
         .iter()
         .map(|c| {
-            let mut doc = Document::from_text(c.id.clone(), c.text.clone(), Format::Text);
+            let format = if docent_ingest::split::has_headings(&c.text) {
+                Format::Markdown
+            } else {
+                Format::Text
+            };
+            let mut doc = Document::from_text(c.id.clone(), c.text.clone(), format);
             if !c.title.is_empty() {
                 doc.title = c.title.clone();
             }
@@ -809,6 +836,17 @@ pub fn run(
     let mut variant_acc: Vec<Acc> = variants.iter().map(|_| Acc::default()).collect();
     let none = SearchFilter::default();
     let mut best_scores: Vec<(f32, bool)> = Vec::new();
+    let term_weight = match config.retrieval.term_weight {
+        w if w > 0.0 => w,
+        _ => PROBE_TERM_WEIGHT,
+    };
+    let mut with_terms: Vec<(f32, bool)> = Vec::new();
+    let mut dump = match dump {
+        Some(p) => Some(std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
+        )),
+        None => None,
+    };
     for q in queries {
         let t = Instant::now();
         let embedded = block_on(index.embed_query(&q.text))?;
@@ -822,11 +860,30 @@ pub fn run(
         ))?
         .first()
         .map_or(f32::MIN, |h| h.1);
+        if let Some(out) = dump.as_mut() {
+            let record = dump_record(&index, &embedded, q, data)?;
+            serde_json::to_writer(&mut *out, &record)?;
+            std::io::Write::write_all(out, b"\n")?;
+        }
+        // the refusal signal as the service computes it, over the chunks the prompt gets
+        let context = block_on(index.rank(
+            &embedded,
+            config.retrieval.top_k,
+            config.retrieval.mode,
+            &none,
+        ))?;
+        let coverage = index.term_coverage(
+            &embedded.sparse.indices,
+            context.hits.iter().map(|h| h.payload.text.as_str()),
+        );
+        let signal = crate::query::retrieve::relevance(Some(best), coverage, term_weight)
+            .unwrap_or(f32::MIN);
+        let answerable = data.qrels.contains_key(&q.id);
+        best_scores.push((best, answerable));
+        with_terms.push((signal, answerable));
         let Some(relevant) = data.qrels.get(&q.id) else {
-            best_scores.push((best, false));
             continue;
         };
-        best_scores.push((best, true));
         let golds = data.answers.get(&q.id);
         let t = Instant::now();
         let ids = bm25.search(&q.text, DEPTH);
@@ -881,6 +938,8 @@ pub fn run(
         ),
         modes: mode_reports,
         refusal: refusal(&best_scores, config.retrieval.min_score),
+        refusal_with_terms: refusal(&with_terms, config.retrieval.min_score)
+            .map(|r| (term_weight, r)),
         answers: None,
     };
     Ok(Evaluated {
@@ -889,6 +948,70 @@ pub fn run(
         config,
         _tmp: cleanup,
     })
+}
+
+/// The weight of the question's terms in the refusal signal that `docent eval` reports
+/// beside the cosine alone, when `retrieval.term_weight` is 0: chosen on the visible
+/// natural-question sets together (README, "Retrieval quality").
+pub const PROBE_TERM_WEIGHT: f32 = 0.5;
+
+/// One question's candidate lists for offline analysis (`docent eval --dump`): each
+/// dense and BM25 candidate (the hybrid depth) as
+/// `[document, chunk index, score, gold answer in the chunk, share of the question's BM25
+/// terms in the chunk, characters]`, the document being the relevant source where a
+/// chunk has several.
+fn dump_record(
+    index: &crate::query::retrieve::Index,
+    embedded: &docent_ingest::embed::Embedding,
+    q: &QueryLine,
+    data: &Dataset,
+) -> anyhow::Result<serde_json::Value> {
+    let none = SearchFilter::default();
+    let ranked = block_on(index.rank(embedded, 2 * DEPTH, SearchMode::Hybrid, &none))?;
+    let relevant = data.qrels.get(&q.id);
+    let golds = data.answers.get(&q.id);
+    let terms: HashSet<u32> = embedded.sparse.indices.iter().copied().collect();
+    let rows = |list: &[(u64, f32)]| -> anyhow::Result<Vec<serde_json::Value>> {
+        let hits = block_on(index.store.hits(list))?;
+        Ok(hits
+            .iter()
+            .map(|h| {
+                let doc = h
+                    .payload
+                    .sources
+                    .iter()
+                    .find(|s| relevant.is_some_and(|r| r.contains(*s)))
+                    .unwrap_or(&h.payload.source);
+                let chunk_terms: HashSet<u32> = index
+                    .embedder
+                    .embed_sparse_document(&h.payload.text)
+                    .indices
+                    .into_iter()
+                    .collect();
+                let covered = if terms.is_empty() {
+                    0.0
+                } else {
+                    terms.intersection(&chunk_terms).count() as f64 / terms.len() as f64
+                };
+                serde_json::json!([
+                    doc,
+                    h.payload.chunk_index,
+                    h.score,
+                    golds.is_some_and(|g| contains_answer(&h.payload.text, g)),
+                    covered,
+                    h.payload.text.chars().count()
+                ])
+            })
+            .collect())
+    };
+    Ok(serde_json::json!({
+        "id": q.id,
+        "answerable": relevant.is_some(),
+        "relevant": relevant,
+        "terms": terms.len(),
+        "dense": rows(&ranked.dense)?,
+        "sparse": rows(&ranked.sparse)?,
+    }))
 }
 
 /// One ranking's figures for one question: distinct documents in the top 10, the gold
@@ -1004,6 +1127,13 @@ impl std::fmt::Display for EvalReport {
                 100.0 * r.strict_false_refusal
             )?;
         }
+        if let Some((w, r)) = &self.refusal_with_terms {
+            writeln!(
+                f,
+                "refusal with the question's terms (signal: cosine + {w} x term share in the top_k chunks): {}",
+                r.sweep()
+            )?;
+        }
         if let Some(a) = &self.answers {
             writeln!(
                 f,
@@ -1030,15 +1160,10 @@ impl std::fmt::Display for EvalReport {
             if let Some(r) = &a.refusal_by_content {
                 writeln!(
                     f,
-                    "refusal by content (best sentence score; {} answerable, {} unanswerable): at <= 10 % false refusals, threshold {:.3} refuses {:.1} % ({:.1} % false); at <= 1 %, {:.3} refuses {:.1} % ({:.1} % false)",
+                    "refusal by content (best sentence score; {} answerable, {} unanswerable): {}",
                     r.answerable,
                     r.unanswerable,
-                    r.best_threshold,
-                    100.0 * r.best_correct_refusal,
-                    100.0 * r.best_false_refusal,
-                    r.strict_threshold,
-                    100.0 * r.strict_correct_refusal,
-                    100.0 * r.strict_false_refusal
+                    r.sweep()
                 )?;
             }
             writeln!(
