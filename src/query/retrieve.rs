@@ -196,16 +196,20 @@ impl Index {
     /// words out, stemmed) that one of `texts` contains; 0 for a question without terms.
     pub fn term_coverage<'t>(&self, terms: &[u32], texts: impl Iterator<Item = &'t str>) -> f32 {
         let asked: HashSet<u32> = terms.iter().copied().collect();
+        texts
+            .map(|t| self.term_share(&asked, t))
+            .fold(0.0, f32::max)
+    }
+
+    /// The share of the question's BM25 terms `asked` that `text` contains; 0 when nothing
+    /// is asked.
+    pub fn term_share(&self, asked: &HashSet<u32>, text: &str) -> f32 {
         if asked.is_empty() {
             return 0.0;
         }
-        texts
-            .map(|t| {
-                let found = self.embedder.embed_sparse_document(t).indices;
-                let shared = found.iter().filter(|i| asked.contains(i)).count();
-                shared as f32 / asked.len() as f32
-            })
-            .fold(0.0, f32::max)
+        let found = self.embedder.embed_sparse_document(text).indices;
+        let shared = found.iter().filter(|i| asked.contains(i)).count();
+        shared as f32 / asked.len() as f32
     }
 
     /// Neighbour expansion: joins up to `n` chunks before and after each hit (same

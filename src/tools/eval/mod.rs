@@ -982,23 +982,12 @@ fn dump_record(
                     .iter()
                     .find(|s| relevant.is_some_and(|r| r.contains(*s)))
                     .unwrap_or(&h.payload.source);
-                let chunk_terms: HashSet<u32> = index
-                    .embedder
-                    .embed_sparse_document(&h.payload.text)
-                    .indices
-                    .into_iter()
-                    .collect();
-                let covered = if terms.is_empty() {
-                    0.0
-                } else {
-                    terms.intersection(&chunk_terms).count() as f64 / terms.len() as f64
-                };
                 serde_json::json!([
                     doc,
                     h.payload.chunk_index,
                     h.score,
                     golds.is_some_and(|g| contains_answer(&h.payload.text, g)),
-                    covered,
+                    index.term_share(&terms, &h.payload.text),
                     h.payload.text.chars().count()
                 ])
             })
