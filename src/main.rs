@@ -57,6 +57,13 @@ enum Command {
         #[command(subcommand)]
         action: KeysAction,
     },
+    /// The generation models docent knows by name (models.toml): size, licence, where they
+    /// come from, whether `make setup` has installed them, and which one is configured.
+    Models {
+        /// Print JSON instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Add files or directories (.txt, .md, .html, .pdf, .docx) to the index.
     Ingest {
         #[arg(required = true)]
@@ -118,6 +125,10 @@ enum Command {
         /// file, for analysis outside docent.
         #[arg(long)]
         dump: Option<PathBuf>,
+        /// With --answers: write each answer (text, refusal, the model's judgement,
+        /// timings) as JSON lines to this file.
+        #[arg(long)]
+        answers_dump: Option<PathBuf>,
     },
     /// Precision and recall of the PII detector per kind on a labelled set.
     EvalPii {
@@ -344,6 +355,19 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Command::Models { json } = &cli.command {
+        // listed even when the configuration does not load (it may name an unknown model)
+        let configured = Config::load(cli.config.as_deref())
+            .map(|c| c.generation.model)
+            .ok();
+        return match docent::tools::models::list(configured.as_deref(), *json) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let config = match Config::load(cli.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
@@ -376,7 +400,8 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
         config.data_dir = d;
     }
     match cli.command {
-        Command::Keys { .. } => Ok(ExitCode::SUCCESS), // handled before the config loads
+        // handled before the config loads
+        Command::Keys { .. } | Command::Models { .. } => Ok(ExitCode::SUCCESS),
         Command::Serve { bind } => {
             if let Some(b) = bind {
                 config.server.bind = b;
@@ -501,6 +526,7 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             answer_mode,
             json,
             dump,
+            answers_dump,
         } => {
             let answer_mode = match answer_mode.as_str() {
                 "generative" => docent::query::AnswerMode::Generative,
@@ -532,11 +558,24 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             if let Some(n) = answers.filter(|&n| n > 0) {
                 // the configured answer path, attribution and guards included (the sweep
                 // re-attributes the answers it gave)
-                let config = evaluated.config.clone();
+                let mut config = evaluated.config.clone();
+                // the model's judgement is recorded and the configured threshold applied
+                // afterwards: one run gives every threshold (see eval::answers)
+                let threshold = config.generation.refusal_threshold;
+                config.generation.refusal_threshold = 1.0;
                 let engine =
                     Arc::new(startup::query_engine(&config, evaluated.index.clone()).await?);
-                report.answers =
-                    Some(docent::tools::eval::answers(&engine, &data, n, answer_mode).await?);
+                report.answers = Some(
+                    docent::tools::eval::answers(
+                        &engine,
+                        &data,
+                        n,
+                        answer_mode,
+                        threshold,
+                        answers_dump.as_deref(),
+                    )
+                    .await?,
+                );
             }
             print_report(&report, json)
         }

@@ -25,8 +25,8 @@ use crate::query::prompt::{Budget, ContextBlock, Prompt};
 use crate::query::response::search_hit;
 use crate::query::safety::{ChunkVerdict, SafetyReport};
 use crate::query::{
-    AnswerMode, QueryEngine, QueryError, QueryEvent, QueryRequest, QueryResponse, SearchResponse,
-    Usage, ValidQuery,
+    AnswerMode, QueryEngine, QueryError, QueryEvent, QueryRequest, QueryResponse, RefusalReason,
+    SearchResponse, Usage, ValidQuery,
 };
 use docent_ingest::store::Hit;
 
@@ -191,7 +191,7 @@ impl QueryEngine {
             };
         if retrieved.hits.is_empty() || !relevant {
             let search = search_of(&retrieved.hits, scores);
-            let response = self.refuse(&q, safety, retrieval_ms)?;
+            let response = self.refuse(&q, safety, retrieval_ms, RefusalReason::Retrieval)?;
             return Ok(Prepared::ready(response, Some(search)));
         }
 
@@ -218,7 +218,7 @@ impl QueryEngine {
             hit_scores.push(sc);
         }
         if hits.is_empty() {
-            let response = self.refuse(&q, safety, retrieval_ms)?;
+            let response = self.refuse(&q, safety, retrieval_ms, RefusalReason::NoSafeContext)?;
             return Ok(Prepared::ready(response, None));
         }
         // refusal by content: no retrieved sentence answers the question well enough
@@ -229,7 +229,7 @@ impl QueryEngine {
                 .map_or(0.0, |(_, score)| score);
             if best < self.limits.min_support {
                 let search = search_of(&hits, hit_scores);
-                let response = self.refuse(&q, safety, retrieval_ms)?;
+                let response = self.refuse(&q, safety, retrieval_ms, RefusalReason::Content)?;
                 return Ok(Prepared::ready(response, Some(search)));
             }
         }
@@ -358,6 +358,17 @@ impl QueryEngine {
                     }
                     Some(Ok(StreamEvent::Delta(text))) => {
                         deltas += 1;
+                        if out.judgement.is_none() {
+                            out.judgement = stream.refusal_probability();
+                            let threshold = self.limits.refusal_threshold;
+                            if out.text.is_empty() && out.judgement.is_some_and(|j| j >= threshold)
+                            {
+                                // the model judges that the context does not answer the
+                                // question: nothing is shown, the generation stops here
+                                out.refused_by_model = true;
+                                break;
+                            }
+                        }
                         let step = post.push(&text, &p.hits);
                         let mut ready = units.push(&step.text);
                         if let Some(cut) = guard::periodic_tail(units.pending()) {
@@ -408,7 +419,10 @@ impl QueryEngine {
         let fallback_started = Instant::now();
 
         let mut mode = p.q.mode;
-        if out.text.trim().is_empty() {
+        let mut refusal = None;
+        if out.refused_by_model {
+            refusal = Some(RefusalReason::Model);
+        } else if out.text.trim().is_empty() {
             if out.withheld {
                 mode = AnswerMode::Withheld;
                 out.send_text(WITHHELD, &tx).await;
@@ -425,20 +439,21 @@ impl QueryEngine {
                         let citations = self.redact_quotes(citations, &mut p.safety);
                         out.send(text, citations, &tx).await;
                     }
-                    Ok(None) => {
-                        mode = AnswerMode::Refusal;
-                        match self.prompts.refusal(&p.q.search.question) {
-                            Ok(text) => out.send_text(&text, &tx).await,
-                            Err(e) => {
-                                let _ = tx.send(QueryEvent::Error(e.into())).await;
-                                return;
-                            }
-                        }
-                    }
+                    Ok(None) => refusal = Some(RefusalReason::NoAnswer),
                     Err(e) => {
                         let _ = tx.send(QueryEvent::Error(e)).await;
                         return;
                     }
+                }
+            }
+        }
+        if let Some(reason) = refusal {
+            mode = AnswerMode::Refusal;
+            match self.prompts.refusal(&p.q.search.question, reason.as_str()) {
+                Ok(text) => out.send_text(&text, &tx).await,
+                Err(e) => {
+                    let _ = tx.send(QueryEvent::Error(e.into())).await;
+                    return;
                 }
             }
         }
@@ -450,7 +465,7 @@ impl QueryEngine {
         let response = self.finish(
             &p,
             out,
-            mode,
+            (mode, refusal),
             prompt_tokens,
             completion_tokens,
             generation_ms,
@@ -507,6 +522,12 @@ impl QueryEngine {
                 out.pending_blank.push_str(unit);
             }
             return Ok(true);
+        }
+        if postprocess::says_refusal(core, &self.limits.refusal_phrase) {
+            // the model says the context does not answer: a refusal when nothing was shown
+            // yet; after an answer, the answer ends here
+            out.refused_by_model = out.text.is_empty();
+            return Ok(false);
         }
         let lead = &unit[..unit.len() - unit.trim_start().len()];
         let trail = &unit[unit.trim_end().len()..];
@@ -644,7 +665,7 @@ impl QueryEngine {
         &self,
         p: &Pending,
         out: Released,
-        mode: AnswerMode,
+        (mode, refusal): (AnswerMode, Option<RefusalReason>),
         prompt_tokens: usize,
         completion_tokens: usize,
         generation_ms: f64,
@@ -695,6 +716,9 @@ impl QueryEngine {
             cached: false,
             usage,
             safety: p.safety.clone(),
+            refused: mode == AnswerMode::Refusal,
+            refusal_reason: refusal,
+            refusal_probability: out.judgement,
         };
         if let Some(key) = &p.cache_key {
             self.cache.put(
@@ -707,16 +731,18 @@ impl QueryEngine {
         response
     }
 
-    /// The refusal: nothing relevant (or nothing safe) was retrieved; the model is not asked.
+    /// The refusal before the model: nothing relevant (or nothing safe, or no sentence that
+    /// answers) was retrieved; the model is not asked.
     fn refuse(
         &self,
         q: &ValidQuery,
         safety: SafetyReport,
         retrieval_ms: f64,
+        reason: RefusalReason,
     ) -> Result<QueryResponse, QueryError> {
         self.count(&safety);
         Ok(QueryResponse {
-            answer: self.prompts.refusal(&q.search.question)?,
+            answer: self.prompts.refusal(&q.search.question, reason.as_str())?,
             citations: vec![],
             answerable: false,
             mode: AnswerMode::Refusal,
@@ -727,6 +753,9 @@ impl QueryEngine {
                 ..Usage::default()
             },
             safety,
+            refused: true,
+            refusal_reason: Some(reason),
+            refusal_probability: None,
         })
     }
 
@@ -742,6 +771,9 @@ impl QueryEngine {
             cached: false,
             usage,
             safety: report,
+            refused: false,
+            refusal_reason: None,
+            refusal_probability: None,
         }
     }
 }
@@ -764,6 +796,11 @@ struct Released {
     withheld: bool,
     /// Embeddings of the context blocks, computed for the first unit attributed.
     block_vectors: Option<Vec<Vec<f32>>>,
+    /// The model's probability of starting with the refusal phrase, read at its first token.
+    judgement: Option<f32>,
+    /// The model judged that the context does not answer the question (by that
+    /// probability, or by writing the phrase) before anything was shown.
+    refused_by_model: bool,
 }
 
 impl Released {

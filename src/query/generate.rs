@@ -5,13 +5,14 @@
 //! slower than F32 there), the prefix cache can be turned off (on CPU mistral.rs never evicts
 //! it), and a missing file is an error instead of a Hugging Face lookup.
 
+pub mod catalog;
 pub mod cpu_kernels;
 
 use serde::{Deserialize, Serialize};
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use mistralrs::core::{
@@ -85,7 +86,8 @@ pub(crate) fn one() -> f64 {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GenerationConfig {
-    /// A GGUF file, a safetensors directory (config.json, tokenizer.json, *.safetensors), a
+    /// A model named in `models.toml` (`qwen2.5-coder-0.5b`; `docent models` lists them),
+    /// a GGUF file, a safetensors directory (config.json, tokenizer.json, *.safetensors), a
     /// directory written by `uqff`, or `hf:org/name` for a Hugging Face model (online only).
     pub model: PathBuf,
     /// In-situ quantization of a safetensors model at load (`q4k`, `q8_0`, `q4_0`, …).
@@ -176,6 +178,24 @@ pub struct GenerationConfig {
     /// `extractive` (the retrieved chunks' best sentences, quoted and cited, no model).
     #[serde(default)]
     pub answer_mode: crate::query::AnswerMode,
+    /// What the prompt tells the model to answer when the context does not hold the
+    /// answer (the templates' `refusal_phrase`); such an answer becomes a refusal. Empty:
+    /// the model is not asked to judge.
+    #[serde(default = "default_refusal_phrase")]
+    pub refusal_phrase: String,
+    /// The model's judgement as a number: the probability of the refusal phrase's first
+    /// token at the answer's first step. At or above this the question is refused (the
+    /// answer stops there); an answer that is the phrase is refused whatever the number.
+    #[serde(default = "default_refusal_threshold")]
+    pub refusal_threshold: f32,
+}
+
+pub(crate) fn default_refusal_phrase() -> String {
+    "I don't know.".into()
+}
+
+pub(crate) fn default_refusal_threshold() -> f32 {
+    0.5
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -283,6 +303,9 @@ pub struct Generator {
     load_ms: f64,
     /// The model's tokenizer, without special tokens.
     ids: Encoder,
+    /// First tokens of the refusal phrase (`generation.refusal_phrase`), whose probability
+    /// at an answer's first step is the model's judgement; empty when off.
+    refusal_tokens: Vec<u32>,
 }
 
 /// Text to token ids with the model's tokenizer.
@@ -450,6 +473,9 @@ pub struct GenerationStream {
     pending_done: Option<Generation>,
     /// Released only once the engine has let go of the sequence (see [`Self::hold`]).
     held: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// Set at the first generated step: the probability of the refusal phrase's first
+    /// token (see [`FirstTokenProbe`]).
+    judgement: Option<Arc<OnceLock<f32>>>,
 }
 
 impl GenerationStream {
@@ -460,6 +486,12 @@ impl GenerationStream {
     /// `generation.max_queue` (seen under load).
     pub fn hold(&mut self, permit: tokio::sync::OwnedSemaphorePermit) {
         self.held = Some(permit);
+    }
+
+    /// The model's probability of starting with the refusal phrase, once its first token
+    /// is out (`None` before, or when no refusal phrase is configured).
+    pub fn refusal_probability(&self) -> Option<f32> {
+        self.judgement.as_ref().and_then(|j| j.get().copied())
     }
 
     /// The next event; `None` after `Done` or an error.
@@ -573,7 +605,7 @@ impl Generator {
             path: path.clone(),
             message,
         };
-        let target = Source::resolve(&config.model)?;
+        let target = Source::resolve(&catalog::resolve(&config.model))?;
         let isq = config
             .isq
             .as_deref()
@@ -609,7 +641,7 @@ impl Generator {
         let loader: Box<dyn Loader> = match &config.draft {
             Some(draft) => Box::new(SpeculativeLoader {
                 target: loader,
-                draft: Source::resolve(&draft.model)?.loader(None)?,
+                draft: Source::resolve(&catalog::resolve(&draft.model))?.loader(None)?,
                 config: SpeculativeConfig { gamma: draft.gamma },
             }),
             None => loader,
@@ -713,6 +745,7 @@ impl Generator {
             0 => context_tokens,
             n => n.min(context_tokens),
         };
+        let refusal_tokens = first_tokens(&config.refusal_phrase, ids.as_ref());
         Ok(Generator {
             model,
             path,
@@ -721,6 +754,7 @@ impl Generator {
             counters: Arc::default(),
             load_ms,
             ids,
+            refusal_tokens,
         })
     }
 
@@ -764,14 +798,25 @@ impl Generator {
         self.run(messages(prompt), sampling(params), false).await
     }
 
-    /// Chat generation, token by token.
+    /// Chat generation, token by token; the stream also gives the model's refusal
+    /// probability ([`GenerationStream::refusal_probability`]) when a refusal phrase is set.
     pub async fn stream(
         &self,
         prompt: &Prompt,
         params: &Params,
     ) -> Result<GenerationStream, GenerateError> {
-        self.stream_request(messages(prompt), sampling(params))
-            .await
+        let judgement = (!self.refusal_tokens.is_empty()).then(Arc::<OnceLock<f32>>::default);
+        let processors = judgement.as_ref().map(|probability| {
+            vec![Arc::new(FirstTokenProbe {
+                tokens: self.refusal_tokens.clone(),
+                probability: probability.clone(),
+            }) as Arc<dyn mistralrs::CustomLogitsProcessor>]
+        });
+        let mut stream = self
+            .stream_request(messages(prompt), sampling(params), processors)
+            .await?;
+        stream.judgement = judgement;
+        Ok(stream)
     }
 
     /// Raw completion from token ids (no template), greedy, token by token.
@@ -781,18 +826,23 @@ impl Generator {
         max_tokens: usize,
     ) -> Result<GenerationStream, GenerateError> {
         let params = Params::greedy(max_tokens);
-        self.stream_request(RequestMessage::CompletionTokens(tokens), sampling(&params))
-            .await
+        self.stream_request(
+            RequestMessage::CompletionTokens(tokens),
+            sampling(&params),
+            None,
+        )
+        .await
     }
 
     async fn stream_request(
         &self,
         messages: RequestMessage,
         sampling_params: SamplingParams,
+        processors: Option<Vec<Arc<dyn mistralrs::CustomLogitsProcessor>>>,
     ) -> Result<GenerationStream, GenerateError> {
         // room for a few chunks: the engine waits on a full channel
         let (tx, rx) = mpsc::channel(64);
-        self.send(messages, sampling_params, false, true, tx)
+        self.send(messages, sampling_params, false, true, tx, processors)
             .await?;
         self.counters.active.fetch_add(1, Ordering::Relaxed);
         Ok(GenerationStream {
@@ -801,6 +851,7 @@ impl Generator {
             finished: false,
             pending_done: None,
             held: None,
+            judgement: None,
         })
     }
 
@@ -840,6 +891,7 @@ impl Generator {
         logprobs: bool,
         is_streaming: bool,
         tx: mpsc::Sender<Response>,
+        logits_processors: Option<Vec<Arc<dyn mistralrs::CustomLogitsProcessor>>>,
     ) -> Result<(), GenerateError> {
         let request = Request::Normal(Box::new(NormalRequest {
             messages,
@@ -852,7 +904,7 @@ impl Generator {
             suffix: None,
             tools: None,
             tool_choice: None,
-            logits_processors: None,
+            logits_processors,
             return_raw_logits: false,
             web_search_options: None,
             model_id: None,
@@ -876,7 +928,7 @@ impl Generator {
         let (tx, mut rx) = mpsc::channel(8);
         self.counters.active.fetch_add(1, Ordering::Relaxed);
         let response = match self
-            .send(messages, sampling_params, logprobs, false, tx)
+            .send(messages, sampling_params, logprobs, false, tx, None)
             .await
         {
             Ok(()) => rx
@@ -994,6 +1046,72 @@ fn sampling(params: &Params) -> SamplingParams {
     s
 }
 
+/// Reads the model's probability of starting its answer with one of `tokens` at the first
+/// generated step (the logits are passed on unchanged): the model's own judgement that the
+/// context does not answer the question, when `tokens` start the refusal phrase.
+struct FirstTokenProbe {
+    tokens: Vec<u32>,
+    probability: Arc<OnceLock<f32>>,
+}
+
+impl mistralrs::CustomLogitsProcessor for FirstTokenProbe {
+    fn apply(
+        &self,
+        logits: &mistralrs::Tensor,
+        _context: &[u32],
+    ) -> mistralrs::Result<mistralrs::Tensor> {
+        if self.probability.get().is_none() {
+            let values: Vec<f32> = logits
+                .flatten_all()?
+                .to_dtype(mistralrs::DType::F32)?
+                .to_vec1()?;
+            let _ = self
+                .probability
+                .set(token_probability(&values, &self.tokens));
+        }
+        Ok(logits.clone())
+    }
+}
+
+/// The softmax probability of `tokens` together under `logits` (0 for ids out of range).
+fn token_probability(logits: &[f32], tokens: &[u32]) -> f32 {
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|l| l.is_finite())
+        .fold(f32::NEG_INFINITY, f32::max);
+    if !max.is_finite() {
+        return 0.0;
+    }
+    let total: f64 = logits
+        .iter()
+        .filter(|l| l.is_finite())
+        .map(|&l| f64::from(l - max).exp())
+        .sum();
+    let hit: f64 = tokens
+        .iter()
+        .filter_map(|&t| logits.get(t as usize))
+        .filter(|l| l.is_finite())
+        .map(|&l| f64::from(l - max).exp())
+        .sum();
+    (hit / total) as f32
+}
+
+/// The first token of `phrase` as an answer starts with it, alone and after a blank
+/// (tokenizers that mark a word's start), without repeats; none for an empty phrase.
+fn first_tokens(phrase: &str, encode: &(dyn Fn(&str) -> Vec<u32> + Send + Sync)) -> Vec<u32> {
+    let phrase = phrase.trim();
+    if phrase.is_empty() {
+        return Vec::new();
+    }
+    let mut tokens: Vec<u32> = [phrase.to_string(), format!(" {phrase}")]
+        .iter()
+        .filter_map(|p| encode(p).first().copied())
+        .collect();
+    tokens.dedup();
+    tokens
+}
+
 /// The engine is shared by all requests.
 pub type SharedGenerator = Arc<Generator>;
 
@@ -1030,5 +1148,28 @@ mod tests {
         let s = sampling(&params(0.7, 1.0, 0));
         assert_eq!((s.top_p, s.top_k), (None, None));
         assert_eq!(s.repetition_penalty, None);
+    }
+
+    #[test]
+    fn the_refusal_probability_is_the_softmax_mass_of_its_tokens() {
+        // logits 0, ln 3, 0: probabilities 0.2, 0.6, 0.2
+        let logits = [0.0, 3f32.ln(), 0.0];
+        assert!((token_probability(&logits, &[1]) - 0.6).abs() < 1e-6);
+        assert!((token_probability(&logits, &[0, 2]) - 0.4).abs() < 1e-6);
+        // ids beyond the vocabulary and masked logits count nothing
+        assert_eq!(token_probability(&logits, &[7]), 0.0);
+        let masked = [f32::NEG_INFINITY, 0.0, 0.0];
+        assert!((token_probability(&masked, &[1]) - 0.5).abs() < 1e-6);
+        assert_eq!(token_probability(&masked, &[0]), 0.0);
+        // large logits do not overflow
+        assert!((token_probability(&[1000.0, 1000.0], &[0]) - 0.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_refusal_phrase_starts_with_its_first_tokens() {
+        let encode = |t: &str| -> Vec<u32> { t.split(' ').map(|w| w.len() as u32).collect() };
+        // "I don't know." and " I don't know." start with different tokens here
+        assert_eq!(first_tokens("I don't know.", &encode), vec![1, 0]);
+        assert!(first_tokens("  ", &encode).is_empty());
     }
 }

@@ -35,7 +35,7 @@ pub use crate::query::request::{
     ValidSearch, MAX_HISTORY, MAX_STOPS, MAX_STOP_BYTES,
 };
 pub use crate::query::response::{
-    AnswerMode, QueryEvent, QueryResponse, SearchHit, SearchResponse, Usage,
+    AnswerMode, QueryEvent, QueryResponse, RefusalReason, SearchHit, SearchResponse, Usage,
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -145,6 +145,9 @@ pub struct Prompts {
     spotlight: bool,
     /// The lines `quoted_chunk.jinja` puts around a chunk, rendered once at load.
     quote_markup: Vec<String>,
+    /// What the model is told to answer when the context does not hold the answer
+    /// (`generation.refusal_phrase`; empty: it is not told).
+    refusal_phrase: String,
 }
 
 impl Prompts {
@@ -168,6 +171,7 @@ impl Prompts {
             env,
             spotlight: false,
             quote_markup: Vec::new(),
+            refusal_phrase: String::new(),
         };
         prompts.quote_markup = prompts.render_quote_markup()?;
         Ok(prompts)
@@ -176,6 +180,13 @@ impl Prompts {
     /// With `on`, every prompt quotes its context between fence tags (spotlighting).
     pub fn spotlight(mut self, on: bool) -> Self {
         self.spotlight = on;
+        self
+    }
+
+    /// The phrase the system prompt tells the model to answer with when the context does
+    /// not hold the answer (the templates' `refusal_phrase`; empty: none).
+    pub fn refusal_phrase(mut self, phrase: &str) -> Self {
+        self.refusal_phrase = phrase.trim().to_string();
         self
     }
 
@@ -218,11 +229,13 @@ impl Prompts {
             .collect())
     }
 
-    /// The answer given without calling the model when nothing relevant was retrieved.
-    pub fn refusal(&self, question: &str) -> Result<String, PromptError> {
+    /// The answer given instead of the model's when the question is refused; `reason`
+    /// says why (`retrieval`: nothing relevant was retrieved; `model`: the model judged that
+    /// the retrieved context does not answer it).
+    pub fn refusal(&self, question: &str, reason: &str) -> Result<String, PromptError> {
         self.env
             .get_template(REFUSAL)
-            .and_then(|t| t.render(context! { question }))
+            .and_then(|t| t.render(context! { question, reason }))
             .map(|s| s.trim().to_string())
             .map_err(|e| PromptError::Template {
                 name: REFUSAL.to_string(),
@@ -251,7 +264,14 @@ impl Prompts {
         let render = |name: &str| {
             self.env
                 .get_template(name)
-                .and_then(|t| t.render(context! { question, contexts, fence }))
+                .and_then(|t| {
+                    t.render(context! {
+                        question,
+                        contexts,
+                        fence,
+                        refusal_phrase => self.refusal_phrase,
+                    })
+                })
                 .map_err(|e| PromptError::Template {
                     name: name.to_string(),
                     message: e.to_string(),

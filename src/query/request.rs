@@ -123,6 +123,12 @@ pub struct Limits {
     pub default_answer_mode: AnswerMode,
     /// Fallback attribution of unmarked sentences (`[citations]`), when on.
     pub attribution: Option<postprocess::Attribution>,
+    /// What the model answers when the context does not hold the answer; empty: the model
+    /// is not asked to judge (`generation.refusal_phrase`).
+    pub refusal_phrase: String,
+    /// Refuse when the model's probability of starting with the refusal phrase is at least
+    /// this (`generation.refusal_threshold`).
+    pub refusal_threshold: f32,
 }
 
 /// `POST /v1/search` body: retrieval only, with the same options as `/v1/query`.

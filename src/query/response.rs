@@ -31,6 +31,48 @@ pub struct QueryResponse {
     /// What the safety filter did: redactions, whether the answer was withheld, and why.
     #[serde(default)]
     pub safety: SafetyReport,
+    /// The question was refused: the answer is the refusal template (`mode: refusal`).
+    #[serde(default)]
+    pub refused: bool,
+    /// Why it was refused, when it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal_reason: Option<RefusalReason>,
+    /// The model's judgement, when it was asked: its probability of starting the answer
+    /// with the refusal phrase (`generation.refusal_phrase`), refused at or above
+    /// `generation.refusal_threshold`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal_probability: Option<f32>,
+}
+
+/// Why a question was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefusalReason {
+    /// Nothing retrieved was relevant enough (`retrieval.min_score`); the model was not
+    /// asked.
+    Retrieval,
+    /// Every retrieved chunk was dropped by the safety filter.
+    NoSafeContext,
+    /// No retrieved sentence answers the question well enough (`retrieval.min_support`).
+    Content,
+    /// The model judged that the retrieved passages do not answer the question: it was
+    /// likely enough to start with the refusal phrase, or wrote it.
+    Model,
+    /// The model's text was unusable and no retrieved sentence could stand in for it.
+    NoAnswer,
+}
+
+impl RefusalReason {
+    /// The `reason` the refusal template sees.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusalReason::Retrieval => "retrieval",
+            RefusalReason::NoSafeContext => "no_safe_context",
+            RefusalReason::Content => "content",
+            RefusalReason::Model => "model",
+            RefusalReason::NoAnswer => "no_answer",
+        }
+    }
 }
 
 /// How an answer was made (`mode` in the request picks `generative` or `extractive`).

@@ -47,15 +47,16 @@ pub struct ModelCard {
 }
 
 impl ModelCard {
-    /// The model at `path` (a GGUF file, a safetensors folder or a Hugging Face id): its
-    /// file or folder name, without `.gguf`.
+    /// The model at `path` (a catalog name such as `qwen2.5-coder-0.5b`, a GGUF file, a
+    /// safetensors folder or a Hugging Face id): the name, or the file or folder name
+    /// without `.gguf`.
     pub fn of(path: &Path) -> ModelCard {
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| path.display().to_string());
         let id = name.strip_suffix(".gguf").unwrap_or(&name).to_string();
-        let created = std::fs::metadata(path)
+        let created = std::fs::metadata(crate::query::generate::catalog::resolve(path))
             .and_then(|m| m.modified())
             .ok()
             .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
@@ -1096,6 +1097,9 @@ mod tests {
                 ..Usage::default()
             },
             safety: Default::default(),
+            refused: false,
+            refusal_reason: None,
+            refusal_probability: None,
         }
     }
 

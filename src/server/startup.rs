@@ -91,7 +91,9 @@ pub fn ingestor_with(
 /// The query path over an open index: loads the templates and the generation model.
 pub async fn query_engine(config: &Config, index: Index) -> anyhow::Result<QueryEngine> {
     config.check_generation_files()?;
-    let prompts = Prompts::load(&config.prompts.dir)?.spotlight(config.safety.spotlight);
+    let prompts = Prompts::load(&config.prompts.dir)?
+        .spotlight(config.safety.spotlight)
+        .refusal_phrase(&config.generation.refusal_phrase);
     let generator = Generator::load(&config.generation).await?;
     Ok(QueryEngine::new(
         index,

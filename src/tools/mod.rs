@@ -3,4 +3,5 @@
 
 pub mod bench;
 pub mod eval;
+pub mod models;
 pub mod train_injection;

@@ -16,6 +16,13 @@ pub fn models() -> PathBuf {
         .unwrap_or_else(|| repo().join("models"))
 }
 
+/// The default generation model's file (models.toml; `make setup` installs it).
+pub fn default_model() -> PathBuf {
+    use docent::query::generate::catalog;
+    let m = catalog::find(catalog::DEFAULT_MODEL).expect("the default model is in the catalog");
+    models().join(&m.file)
+}
+
 /// The shared data folder beside the checkout.
 pub fn shared() -> PathBuf {
     let p = std::env::var_os("DOCENT_SHARED_DIR")

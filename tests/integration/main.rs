@@ -6,6 +6,7 @@ mod api;
 mod bench;
 mod cli;
 mod crash;
+mod default_model;
 mod embedding;
 mod generation;
 mod hardening;

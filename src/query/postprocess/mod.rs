@@ -169,6 +169,44 @@ pub(crate) fn words(text: &str) -> HashSet<String> {
         .collect()
 }
 
+/// Sentences that say the context does not hold the answer, in the words small instruct
+/// models use when they do not repeat the refusal phrase verbatim.
+static NOT_IN_CONTEXT: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"(?x)^(
+            (the\s+)?(provided\s+|given\s+)?(context|passages?|documents?|text|information)\s+(provided\s+)?(does|do)\s*(not|n't)\s+(contain|mention|provide|include|specify|say|state|give|answer|have)
+          | there\s+is\s+no\s+(information|mention)\b
+          | i\s+(cannot|can't|can\s+not|could\s+not|couldn't)\s+(answer|find|determine)
+          | (i'm|i\s+am)\s+sorry\b
+          | (this|that|the\s+answer)\s+is\s+not\s+(mentioned|provided|given|specified|stated)\s+in\s+the\s+(context|passages?|documents?|text)
+        )",
+    )
+    .expect("valid regex")
+});
+
+/// Whether `unit` (a sentence of the answer) says that the context does not answer the
+/// question: it starts with `phrase` (`generation.refusal_phrase`, compared without case,
+/// punctuation or citation markers), or is one of the usual ways to say so. Never with an
+/// empty `phrase` (the model was not asked to judge).
+pub fn says_refusal(unit: &str, phrase: &str) -> bool {
+    let normal = |t: &str| -> String {
+        let t = MARKER
+            .replace_all(t, " ")
+            .replace(['\u{2019}', '\u{2018}'], "'");
+        t.to_lowercase()
+            .split(|c: char| !(c.is_alphanumeric() || c == '\''))
+            .filter(|w| !w.is_empty())
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let phrase = normal(phrase);
+    if phrase.is_empty() {
+        return false;
+    }
+    let unit = normal(unit);
+    (unit == phrase || unit.starts_with(&format!("{phrase} "))) || NOT_IN_CONTEXT.is_match(&unit)
+}
+
 /// `text` without the prompt's own markup (`markup`: the fence tags, the quoting lines,
 /// the placeholder of a removed instruction), which a small model sometimes copies from its
 /// context into the answer.
@@ -560,6 +598,36 @@ impl AnswerStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_are_recognised_in_the_phrase_and_in_the_usual_words() {
+        let p = "I don't know.";
+        for said in [
+            "I don't know.",
+            "I don\u{2019}t know",
+            "i don't know [1].",
+            "I don't know the answer to that.",
+            "The context does not mention when the RFC was published.",
+            "The provided passages don't say.",
+            "There is no information about Mars in the context.",
+            "I cannot answer this from the context.",
+            "I'm sorry, but the documents do not cover it.",
+            "This is not mentioned in the context [2].",
+        ] {
+            assert!(says_refusal(said, p), "{said}");
+        }
+        for answer in [
+            "I/O errors are returned as io::Error [1].",
+            "The context switch takes 5 ms [1].",
+            "There is no garbage collector in Rust [1].",
+            "Documents do not need a title [2].",
+            "I know that ownership moves [1].",
+        ] {
+            assert!(!says_refusal(answer, p), "{answer}");
+        }
+        // off without a phrase: the model was not asked to judge
+        assert!(!says_refusal("I don't know.", ""));
+    }
 
     #[test]
     fn the_prompt_markup_is_stripped_from_answers() {

@@ -310,6 +310,140 @@ pub struct AnswerReport {
     /// attribution at several thresholds, on all answerable questions and on the second
     /// half (held out when the thresholds are chosen on the first).
     pub attribution: Vec<AttributionRow>,
+    /// `generation.refusal_threshold` the figures above are for (the answers are made
+    /// with the model's judgement recorded and applied afterwards, so that one run gives
+    /// every threshold of [`Self::refusal_by_model`]).
+    pub refusal_threshold: f32,
+    /// The model's judgement: refusal rates and gold answers at each threshold on its
+    /// probability of starting with the refusal phrase (retrieval refusals and answers
+    /// that say the phrase are refused at every threshold). Empty when no refusal phrase
+    /// is configured.
+    pub refusal_by_model: Vec<ThresholdRow>,
+    /// Time to the first shown text and to the whole answer, over the questions the
+    /// model answered (not refused) at the configured threshold, in ms.
+    pub first_text_ms: Percentiles,
+    pub total_ms: Percentiles,
+}
+
+/// One threshold of the model's refusal judgement.
+#[derive(Debug, Clone, Serialize)]
+pub struct ThresholdRow {
+    pub threshold: f32,
+    pub correct_refusal: f64,
+    pub false_refusal: f64,
+    /// Answerable questions answered with a gold answer at this threshold.
+    pub contains_gold: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Percentiles {
+    pub n: usize,
+    pub p50: f64,
+    pub p95: f64,
+}
+
+impl Percentiles {
+    fn of(mut values: Vec<f64>) -> Self {
+        values.sort_by(f64::total_cmp);
+        Percentiles {
+            n: values.len(),
+            p50: percentile(&values, 50.0),
+            p95: percentile(&values, 95.0),
+        }
+    }
+}
+
+/// Thresholds the model's refusal judgement is reported at (1: only answers that say the
+/// refusal phrase).
+pub const REFUSAL_THRESHOLDS: &[f32] = &[
+    0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0,
+];
+
+/// One answered question, as the evaluation keeps it (and `--answers-dump` writes it).
+#[derive(Debug, Clone, Serialize)]
+pub struct AnswerRecord {
+    pub id: String,
+    pub question: String,
+    pub answer: String,
+    pub answerable: bool,
+    /// Refused whatever the threshold: by retrieval, by the safety filter, or the model
+    /// wrote the refusal phrase.
+    pub refused_anyway: bool,
+    pub refusal_reason: Option<crate::query::RefusalReason>,
+    pub refusal_probability: Option<f32>,
+    pub contains_gold: bool,
+    pub mode: crate::query::AnswerMode,
+    pub degenerate: Vec<String>,
+    pub first_text_ms: Option<f64>,
+    pub total_ms: f64,
+}
+
+impl AnswerRecord {
+    /// Refused at `threshold` on the model's judgement.
+    pub fn refused_at(&self, threshold: f32) -> bool {
+        self.refused_anyway || self.refusal_probability.is_some_and(|p| p >= threshold)
+    }
+}
+
+/// The refusal curve over `records`.
+pub fn refusal_curve(records: &[AnswerRecord]) -> Vec<ThresholdRow> {
+    if !records.iter().any(|r| r.refusal_probability.is_some()) {
+        return Vec::new();
+    }
+    let share = |a: usize, b: usize| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    let answerable = records.iter().filter(|r| r.answerable).count();
+    let unanswerable = records.len() - answerable;
+    REFUSAL_THRESHOLDS
+        .iter()
+        .map(|&t| ThresholdRow {
+            threshold: t,
+            correct_refusal: share(
+                records
+                    .iter()
+                    .filter(|r| !r.answerable && r.refused_at(t))
+                    .count(),
+                unanswerable,
+            ),
+            false_refusal: share(
+                records
+                    .iter()
+                    .filter(|r| r.answerable && r.refused_at(t))
+                    .count(),
+                answerable,
+            ),
+            contains_gold: share(
+                records
+                    .iter()
+                    .filter(|r| r.answerable && !r.refused_at(t) && r.contains_gold)
+                    .count(),
+                answerable,
+            ),
+        })
+        .collect()
+}
+
+/// The answer to `request` through the streaming path, with the time to its first shown
+/// text and to its end.
+async fn timed_answer(
+    engine: &std::sync::Arc<crate::query::QueryEngine>,
+    request: crate::query::QueryRequest,
+) -> anyhow::Result<(crate::query::QueryResponse, Option<f64>, f64)> {
+    let started = Instant::now();
+    let mut events = engine.answer_stream(request).await?;
+    let mut first = None;
+    while let Some(event) = events.recv().await {
+        match event {
+            crate::query::QueryEvent::Delta { .. } => {
+                first.get_or_insert_with(|| started.elapsed().as_secs_f64() * 1e3);
+            }
+            crate::query::QueryEvent::Done(response) => {
+                return Ok((*response, first, started.elapsed().as_secs_f64() * 1e3))
+            }
+            crate::query::QueryEvent::Error(e) => return Err(e.into()),
+            _ => {}
+        }
+    }
+    anyhow::bail!("the answer ended without a result")
 }
 
 /// Answer figures for one type of question.
@@ -497,11 +631,19 @@ async fn hits_of(
 }
 
 /// Answers the first `n` questions with the full query path and scores them.
+///
+/// The engine should run with `generation.refusal_threshold = 1` (only answers that say the
+/// refusal phrase refused): the model's judgement is recorded and `threshold` applied to it
+/// afterwards, which is what the service does at that threshold (it decides at the first
+/// token, before anything is shown), so the curve over every threshold comes from one run.
+/// Each answer is written to `dump` (JSON lines) when given.
 pub async fn answers(
     engine: &std::sync::Arc<crate::query::QueryEngine>,
     data: &Dataset,
     n: usize,
     mode: crate::query::AnswerMode,
+    threshold: f32,
+    dump: Option<&Path>,
 ) -> anyhow::Result<AnswerReport> {
     let contains = contains_answer;
     let queries: Vec<&QueryLine> = data
@@ -522,9 +664,11 @@ pub async fn answers(
     let mut content_scores: Vec<(f32, bool)> = Vec::new();
     let (mut f1_sum, mut answered, mut degenerate_before, mut degenerate_after, mut extractive) =
         (0.0f64, 0usize, 0usize, 0usize, 0usize);
+    let mut records = Vec::with_capacity(queries.len());
     for q in &queries {
-        let response = engine
-            .answer(crate::query::QueryRequest {
+        let (response, first_text_ms, total_ms) = timed_answer(
+            engine,
+            crate::query::QueryRequest {
                 question: q.text.clone(),
                 generation: crate::query::GenerationOptions {
                     max_tokens: Some(ANSWER_TOKENS),
@@ -533,9 +677,27 @@ pub async fn answers(
                 },
                 mode: Some(mode),
                 ..Default::default()
-            })
-            .await?;
+            },
+        )
+        .await?;
         let golds = data.answers.get(&q.id).cloned().unwrap_or_default();
+        let record = AnswerRecord {
+            id: q.id.clone(),
+            question: q.text.clone(),
+            answer: response.answer.clone(),
+            answerable: data.qrels.contains_key(&q.id),
+            refused_anyway: !response.answerable,
+            refusal_reason: response.refusal_reason,
+            refusal_probability: response.refusal_probability,
+            contains_gold: contains(&response.answer, &golds),
+            mode: response.mode,
+            degenerate: response.degenerate.clone(),
+            first_text_ms,
+            total_ms,
+        };
+        // as the service answers at `threshold`: refused when the judgement reaches it
+        let answerable_now = !record.refused_at(threshold);
+        records.push(record);
         // content-based answerability, on the same retrieval as the answer
         let hits = hits_of(engine, &q.text).await?;
         let content = engine
@@ -545,7 +707,7 @@ pub async fn answers(
         content_scores.push((content, data.qrels.contains_key(&q.id)));
         let t = types.entry(question_type(&q.text)).or_default();
         t[0] += 1.0;
-        if response.answerable {
+        if answerable_now {
             answered += 1;
             let before = !response.degenerate.is_empty();
             let is_extractive = response.mode == crate::query::AnswerMode::Extractive;
@@ -558,22 +720,31 @@ pub async fn answers(
         if !data.qrels.contains_key(&q.id) {
             unanswerable += 1;
             t[8] += 1.0;
-            refused_ok += usize::from(!response.answerable);
-            t[6] += f64::from(u8::from(!response.answerable));
+            refused_ok += usize::from(!answerable_now);
+            t[6] += f64::from(u8::from(!answerable_now));
             continue;
         }
         answerable += 1;
         t[1] += 1.0;
-        refused_wrongly += usize::from(!response.answerable);
-        t[7] += f64::from(u8::from(!response.answerable));
-        let has_gold = contains(&response.answer, &golds);
+        refused_wrongly += usize::from(!answerable_now);
+        t[7] += f64::from(u8::from(!answerable_now));
+        let has_gold = answerable_now && contains(&response.answer, &golds);
         gold += usize::from(has_gold);
         t[2] += f64::from(u8::from(has_gold));
-        let f1 = token_f1(&response.answer, &golds);
+        let f1 = if answerable_now {
+            token_f1(&response.answer, &golds)
+        } else {
+            0.0
+        };
         f1_sum += f1;
         t[3] += f1;
         let mut any_good = false;
-        for c in &response.citations {
+        let shown: &[crate::query::postprocess::Citation] = if answerable_now {
+            &response.citations
+        } else {
+            &[]
+        };
+        for c in shown {
             citations += 1;
             let chunk = engine
                 .index
@@ -608,6 +779,25 @@ pub async fn answers(
         }
     }
     let refusal_by_content = refusal(&content_scores, f32::MIN);
+    if let Some(path) = dump {
+        let mut out = String::new();
+        for r in &records {
+            out.push_str(&serde_json::to_string(r)?);
+            out.push('\n');
+        }
+        std::fs::write(path, out)?;
+    }
+    let answered_now: Vec<&AnswerRecord> = records
+        .iter()
+        .filter(|r| !r.refused_at(threshold))
+        .collect();
+    let first_text_ms = Percentiles::of(
+        answered_now
+            .iter()
+            .filter_map(|r| r.first_text_ms)
+            .collect(),
+    );
+    let total_ms = Percentiles::of(answered_now.iter().map(|r| r.total_ms).collect());
     let score = |rows: &[(usize, usize)]| {
         let cits: usize = rows.iter().map(|r| r.0).sum();
         let good: usize = rows.iter().map(|r| r.1).sum();
@@ -690,6 +880,10 @@ pub async fn answers(
             })
             .collect(),
         attribution,
+        refusal_threshold: threshold,
+        refusal_by_model: refusal_curve(&records),
+        first_text_ms,
+        total_ms,
     })
 }
 
@@ -1146,6 +1340,33 @@ impl std::fmt::Display for EvalReport {
                 100.0 * a.degenerate_after,
                 100.0 * a.extractive
             )?;
+            writeln!(
+                f,
+                "time to the first shown text p50 {:.0} ms, p95 {:.0} ms; whole answer p50 {:.0} ms, p95 {:.0} ms ({} answers not refused)",
+                a.first_text_ms.p50, a.first_text_ms.p95, a.total_ms.p50, a.total_ms.p95, a.total_ms.n
+            )?;
+            if !a.refusal_by_model.is_empty() {
+                writeln!(
+                    f,
+                    "refusal by the model's judgement (probability of starting with the refusal phrase; configured threshold {}):",
+                    a.refusal_threshold
+                )?;
+                writeln!(
+                    f,
+                    "  {:>9} {:>16} {:>14} {:>13}",
+                    "threshold", "correct refusals", "false refusals", "contain gold"
+                )?;
+                for r in &a.refusal_by_model {
+                    writeln!(
+                        f,
+                        "  {:>9.2} {:>15.1}% {:>13.1}% {:>12.1}%",
+                        r.threshold,
+                        100.0 * r.correct_refusal,
+                        100.0 * r.false_refusal,
+                        100.0 * r.contains_gold
+                    )?;
+                }
+            }
             if let Some(r) = &a.refusal_by_content {
                 writeln!(
                     f,

@@ -1,0 +1,92 @@
+//! The default generation model (models.toml's `DEFAULT_MODEL`, Qwen2.5-Coder-0.5B-Instruct
+//! in Qwen's Q4_K_M GGUF, installed by `make setup`) through the real server: an answer
+//! taken from the context with its citation, and a question the context does not answer,
+//! refused by the model's own judgement, in JSON and streamed.
+
+use serde_json::{json, Value};
+
+use crate::helpers::{client, default_model, get_json, post_json, server_over};
+
+const GUIDE: &str = "# Office guide\n\n\
+Staff park in the north lot; visitors use the south lot next to reception. \
+The office opens at 8:00 and closes at 18:00 on weekdays, and the canteen serves lunch \
+from 11:30 to 14:00.\n\n\
+## Printing\n\n\
+The second-floor printer is reserved for the finance team; everyone else prints on the \
+ground floor.\n";
+
+#[tokio::test]
+async fn the_default_model_answers_from_the_context_and_refuses_what_it_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("office-guide.md");
+    std::fs::write(&path, GUIDE).unwrap();
+    let (_index, address) = server_over(&[path], |c| {
+        c.generation.model = default_model();
+        c.generation.cache_size = 0;
+        c.generation.max_tokens = 64;
+        // every question reaches the model: the refusal below is the model's, not retrieval's
+        c.retrieval.min_score = 0.0;
+    });
+    let c = client();
+    let url = format!("{address}/v1/query");
+
+    // /v1/models names the catalog model
+    let models = get_json(&c, &format!("{address}/v1/models")).await;
+    assert!(
+        models
+            .to_string()
+            .contains("qwen2.5-coder-0.5b-instruct-q4_k_m"),
+        "{models}"
+    );
+
+    let answer = post_json(&c, &url, &json!({"question": "Where do visitors park?"})).await;
+    eprintln!("answer: {answer}");
+    let text = answer["answer"].as_str().unwrap().to_lowercase();
+    assert!(text.contains("south lot"), "{answer}");
+    assert_eq!(answer["refused"], false, "{answer}");
+    assert_eq!(answer["mode"], "generative", "{answer}");
+    assert!(
+        !answer["citations"].as_array().unwrap().is_empty(),
+        "{answer}"
+    );
+    let p = answer["refusal_probability"]
+        .as_f64()
+        .expect("the model's judgement");
+    assert!(
+        p < 0.5,
+        "the model answers, so it is unlikely to refuse: {answer}"
+    );
+
+    for stream in [false, true] {
+        let body = json!({"question": "What is the password of the guest wifi?", "stream": stream});
+        let refused = if stream {
+            let mut res = c.post(&url).json(&body).send().await.unwrap();
+            let mut raw = String::new();
+            while let Some(chunk) = res.chunk().await.unwrap() {
+                raw.push_str(&String::from_utf8_lossy(&chunk));
+            }
+            // one delta: the refusal itself, nothing of the model's text before it
+            assert_eq!(raw.matches("event: delta").count(), 1, "{raw}");
+            let done = raw
+                .split("event: done\ndata: ")
+                .nth(1)
+                .expect("a done event");
+            serde_json::from_str::<Value>(done.trim()).unwrap()
+        } else {
+            post_json(&c, &url, &body).await
+        };
+        eprintln!("refused: {refused}");
+        assert_eq!(refused["refused"], true, "{refused}");
+        assert_eq!(refused["refusal_reason"], "model", "{refused}");
+        assert_eq!(refused["mode"], "refusal", "{refused}");
+        assert_eq!(refused["answerable"], false, "{refused}");
+        assert!(
+            refused["answer"]
+                .as_str()
+                .unwrap()
+                .starts_with("I don't know"),
+            "{refused}"
+        );
+        assert!(refused["citations"].as_array().unwrap().is_empty());
+    }
+}
