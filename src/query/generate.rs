@@ -185,7 +185,9 @@ pub struct GenerationConfig {
     pub refusal_phrase: String,
     /// The model's judgement as a number: the probability of the refusal phrase's first
     /// token at the answer's first step. At or above this the question is refused (the
-    /// answer stops there); an answer that is the phrase is refused whatever the number.
+    /// answer stops there); below it the phrase's first token is masked at that step, so
+    /// the model answers. Answers that still say the context does not hold the answer, in
+    /// other words, are refused too.
     #[serde(default = "default_refusal_threshold")]
     pub refusal_threshold: f32,
 }
@@ -195,7 +197,7 @@ pub(crate) fn default_refusal_phrase() -> String {
 }
 
 pub(crate) fn default_refusal_threshold() -> f32 {
-    0.5
+    0.7
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -306,6 +308,8 @@ pub struct Generator {
     /// First tokens of the refusal phrase (`generation.refusal_phrase`), whose probability
     /// at an answer's first step is the model's judgement; empty when off.
     refusal_tokens: Vec<u32>,
+    /// `generation.refusal_threshold` (see [`RefusalGate`]).
+    refusal_threshold: f32,
 }
 
 /// Text to token ids with the model's tokenizer.
@@ -474,7 +478,7 @@ pub struct GenerationStream {
     /// Released only once the engine has let go of the sequence (see [`Self::hold`]).
     held: Option<tokio::sync::OwnedSemaphorePermit>,
     /// Set at the first generated step: the probability of the refusal phrase's first
-    /// token (see [`FirstTokenProbe`]).
+    /// token (see [`RefusalGate`]).
     judgement: Option<Arc<OnceLock<f32>>>,
 }
 
@@ -755,6 +759,7 @@ impl Generator {
             load_ms,
             ids,
             refusal_tokens,
+            refusal_threshold: config.refusal_threshold,
         })
     }
 
@@ -807,8 +812,9 @@ impl Generator {
     ) -> Result<GenerationStream, GenerateError> {
         let judgement = (!self.refusal_tokens.is_empty()).then(Arc::<OnceLock<f32>>::default);
         let processors = judgement.as_ref().map(|probability| {
-            vec![Arc::new(FirstTokenProbe {
+            vec![Arc::new(RefusalGate {
                 tokens: self.refusal_tokens.clone(),
+                threshold: self.refusal_threshold,
                 probability: probability.clone(),
             }) as Arc<dyn mistralrs::CustomLogitsProcessor>]
         });
@@ -1046,30 +1052,42 @@ fn sampling(params: &Params) -> SamplingParams {
     s
 }
 
-/// Reads the model's probability of starting its answer with one of `tokens` at the first
-/// generated step (the logits are passed on unchanged): the model's own judgement that the
-/// context does not answer the question, when `tokens` start the refusal phrase.
-struct FirstTokenProbe {
+/// The model's judgement at the first generated step: its probability of starting the
+/// answer with one of `tokens` (the refusal phrase's first tokens). At or above
+/// `threshold` the logits pass unchanged (the model refuses, and docent stops it there);
+/// below, those tokens are masked at that step, so the model answers instead of writing
+/// the phrase it was only somewhat inclined to write.
+struct RefusalGate {
     tokens: Vec<u32>,
+    threshold: f32,
     probability: Arc<OnceLock<f32>>,
 }
 
-impl mistralrs::CustomLogitsProcessor for FirstTokenProbe {
+impl mistralrs::CustomLogitsProcessor for RefusalGate {
     fn apply(
         &self,
         logits: &mistralrs::Tensor,
         _context: &[u32],
     ) -> mistralrs::Result<mistralrs::Tensor> {
-        if self.probability.get().is_none() {
-            let values: Vec<f32> = logits
-                .flatten_all()?
-                .to_dtype(mistralrs::DType::F32)?
-                .to_vec1()?;
-            let _ = self
-                .probability
-                .set(token_probability(&values, &self.tokens));
+        if self.probability.get().is_some() {
+            return Ok(logits.clone());
         }
-        Ok(logits.clone())
+        let mut values: Vec<f32> = logits
+            .flatten_all()?
+            .to_dtype(mistralrs::DType::F32)?
+            .to_vec1()?;
+        let p = token_probability(&values, &self.tokens);
+        let _ = self.probability.set(p);
+        if p >= self.threshold {
+            return Ok(logits.clone());
+        }
+        for &t in &self.tokens {
+            if let Some(v) = values.get_mut(t as usize) {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+        mistralrs::Tensor::from_vec(values, logits.shape(), logits.device())?
+            .to_dtype(logits.dtype())
     }
 }
 

@@ -39,10 +39,15 @@ async fn the_default_model_answers_from_the_context_and_refuses_what_it_lacks() 
         "{models}"
     );
 
-    let answer = post_json(&c, &url, &json!({"question": "Where do visitors park?"})).await;
+    let answer = post_json(
+        &c,
+        &url,
+        &json!({"question": "Which team is the second-floor printer reserved for?"}),
+    )
+    .await;
     eprintln!("answer: {answer}");
     let text = answer["answer"].as_str().unwrap().to_lowercase();
-    assert!(text.contains("south lot"), "{answer}");
+    assert!(text.contains("finance"), "{answer}");
     assert_eq!(answer["refused"], false, "{answer}");
     assert_eq!(answer["mode"], "generative", "{answer}");
     assert!(

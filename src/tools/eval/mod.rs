@@ -537,6 +537,9 @@ pub fn degenerate_text(answer: &str) -> Option<&'static str> {
         "cite the context",
         "numbered context",
         "in one or two sentences",
+        "numbered passages",
+        "cite each passage",
+        "with the words of the passages",
     ];
     let lower = answer.to_lowercase();
     if answer.trim().is_empty() {
