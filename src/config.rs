@@ -605,7 +605,6 @@ impl Config {
             default_answer_mode: c.generation.answer_mode,
             greedy_only: c.generation.draft.is_some(),
             refusal_phrase: c.generation.refusal_phrase.trim().to_string(),
-            refusal_threshold: c.generation.refusal_threshold,
             attribution: c
                 .citations
                 .fallback

@@ -359,10 +359,9 @@ impl QueryEngine {
                     Some(Ok(StreamEvent::Delta(text))) => {
                         deltas += 1;
                         if out.judgement.is_none() {
-                            out.judgement = stream.refusal_probability();
-                            let threshold = self.limits.refusal_threshold;
-                            if out.text.is_empty() && out.judgement.is_some_and(|j| j >= threshold)
-                            {
+                            let judgement = stream.judgement();
+                            out.judgement = judgement.map(|j| j.probability);
+                            if out.text.is_empty() && judgement.is_some_and(|j| j.refuse) {
                                 // the model judges that the context does not answer the
                                 // question: nothing is shown, the generation stops here
                                 out.refused_by_model = true;

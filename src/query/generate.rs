@@ -479,7 +479,7 @@ pub struct GenerationStream {
     held: Option<tokio::sync::OwnedSemaphorePermit>,
     /// Set at the first generated step: the probability of the refusal phrase's first
     /// token (see [`RefusalGate`]).
-    judgement: Option<Arc<OnceLock<f32>>>,
+    judgement: Option<Arc<OnceLock<Judgement>>>,
 }
 
 impl GenerationStream {
@@ -492,9 +492,9 @@ impl GenerationStream {
         self.held = Some(permit);
     }
 
-    /// The model's probability of starting with the refusal phrase, once its first token
-    /// is out (`None` before, or when no refusal phrase is configured).
-    pub fn refusal_probability(&self) -> Option<f32> {
+    /// The model's judgement, once its first token is out (`None` before, or when no
+    /// refusal phrase is configured).
+    pub fn judgement(&self) -> Option<Judgement> {
         self.judgement.as_ref().and_then(|j| j.get().copied())
     }
 
@@ -804,18 +804,18 @@ impl Generator {
     }
 
     /// Chat generation, token by token; the stream also gives the model's refusal
-    /// probability ([`GenerationStream::refusal_probability`]) when a refusal phrase is set.
+    /// judgement ([`GenerationStream::judgement`]) when a refusal phrase is set.
     pub async fn stream(
         &self,
         prompt: &Prompt,
         params: &Params,
     ) -> Result<GenerationStream, GenerateError> {
-        let judgement = (!self.refusal_tokens.is_empty()).then(Arc::<OnceLock<f32>>::default);
-        let processors = judgement.as_ref().map(|probability| {
+        let judgement = (!self.refusal_tokens.is_empty()).then(Arc::<OnceLock<Judgement>>::default);
+        let processors = judgement.as_ref().map(|judgement| {
             vec![Arc::new(RefusalGate {
                 tokens: self.refusal_tokens.clone(),
                 threshold: self.refusal_threshold,
-                probability: probability.clone(),
+                judgement: judgement.clone(),
             }) as Arc<dyn mistralrs::CustomLogitsProcessor>]
         });
         let mut stream = self
@@ -1060,7 +1060,16 @@ fn sampling(params: &Params) -> SamplingParams {
 struct RefusalGate {
     tokens: Vec<u32>,
     threshold: f32,
-    probability: Arc<OnceLock<f32>>,
+    judgement: Arc<OnceLock<Judgement>>,
+}
+
+/// The model's judgement at an answer's first step (see [`RefusalGate`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Judgement {
+    /// Its probability of starting with the refusal phrase.
+    pub probability: f32,
+    /// At or above `generation.refusal_threshold`: the question is refused.
+    pub refuse: bool,
 }
 
 impl mistralrs::CustomLogitsProcessor for RefusalGate {
@@ -1069,16 +1078,20 @@ impl mistralrs::CustomLogitsProcessor for RefusalGate {
         logits: &mistralrs::Tensor,
         _context: &[u32],
     ) -> mistralrs::Result<mistralrs::Tensor> {
-        if self.probability.get().is_some() {
+        if self.judgement.get().is_some() {
             return Ok(logits.clone());
         }
         let mut values: Vec<f32> = logits
             .flatten_all()?
             .to_dtype(mistralrs::DType::F32)?
             .to_vec1()?;
-        let p = token_probability(&values, &self.tokens);
-        let _ = self.probability.set(p);
-        if p >= self.threshold {
+        let probability = token_probability(&values, &self.tokens);
+        let refuse = probability >= self.threshold;
+        let _ = self.judgement.set(Judgement {
+            probability,
+            refuse,
+        });
+        if refuse {
             return Ok(logits.clone());
         }
         for &t in &self.tokens {

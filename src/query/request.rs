@@ -124,11 +124,9 @@ pub struct Limits {
     /// Fallback attribution of unmarked sentences (`[citations]`), when on.
     pub attribution: Option<postprocess::Attribution>,
     /// What the model answers when the context does not hold the answer; empty: the model
-    /// is not asked to judge (`generation.refusal_phrase`).
+    /// is not asked to judge (`generation.refusal_phrase`; the threshold on its judgement
+    /// is the generator's).
     pub refusal_phrase: String,
-    /// Refuse when the model's probability of starting with the refusal phrase is at least
-    /// this (`generation.refusal_threshold`).
-    pub refusal_threshold: f32,
 }
 
 /// `POST /v1/search` body: retrieval only, with the same options as `/v1/query`.

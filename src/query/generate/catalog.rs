@@ -104,13 +104,6 @@ pub fn resolve(model: &Path) -> PathBuf {
     }
 }
 
-/// The catalog entry whose file `path` is, if any (by name in the models directory).
-pub fn of_path(path: &Path) -> Option<&'static KnownModel> {
-    known()
-        .iter()
-        .find(|m| path.ends_with(&m.file) || m.path() == path)
-}
-
 /// Whether `value` looks like a model name rather than a path: no separator, no extension.
 pub fn looks_like_name(value: &Path) -> bool {
     let s = value.to_string_lossy();
@@ -175,9 +168,5 @@ mod tests {
         assert!(looks_like_name(Path::new("qwen2.5-coder-7b")));
         assert!(!looks_like_name(Path::new("models/x.gguf")));
         assert!(!looks_like_name(Path::new("x.gguf")));
-        assert_eq!(
-            of_path(&m.path()).map(|k| k.name.as_str()),
-            Some(m.name.as_str())
-        );
     }
 }
