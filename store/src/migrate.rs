@@ -9,6 +9,7 @@
 use serde_json::json;
 
 use crate::index::VectorIndex;
+use crate::store::MIGRATING;
 use crate::{Error, Result};
 
 /// What a copy did.
@@ -69,6 +70,9 @@ pub async fn copy(
     if let Some(id) = &identity {
         to.catalog_put("meta", "identity", id.clone()).await?;
     }
+    // searches of the target fail as unavailable until the copy is complete: no reader
+    // sees part of a document (or of the index)
+    to.catalog_put("hidden", MIGRATING, json!({})).await?;
     let mut points_written = 0;
     if !(resumed && offset.is_none()) {
         loop {
@@ -94,6 +98,8 @@ pub async fn copy(
         to.catalog_put("failed", &name, value).await?;
     }
     to.flush().await?;
+    to.catalog_delete("hidden", MIGRATING).await?;
+    to.catalog_put("meta", "epoch", json!(cursor_name)).await?;
     // readers of the target (and their answer caches) see a new revision
     to.catalog_put("meta", "revision", json!(cursor_name))
         .await?;

@@ -8,9 +8,29 @@
 //! |---|---|---|
 //! | `meta` | `identity` | the embedding model and dimension the index was built with |
 //! | `meta` | `revision` | changes whenever what search can see changes (answer caches key on it) |
+//! | `meta` | `epoch` | changes with every change of the hidden set, before the points under it change |
 //! | `hidden` | document id | a document being written, or about to be deleted |
 //! | `journal` | hash of the version | an unfinished write, rolled back or forward on open |
 //! | `failed` | hash of the source | a version rolled back after a crash |
+//!
+//! # What a reader sees
+//!
+//! A search never sees half a document or two versions of one source. The rule that gives
+//! it: **the points of a document that search can see never change.** A writer first hides
+//! the document (a `hidden` entry, which every search excludes), then changes the `epoch`,
+//! and only then writes, re-labels or deletes its points; a new version is shown, and the
+//! versions it replaces are hidden, in one step ([`Store::publish`]).
+//!
+//! A [`View`] is a read over one state: it holds the hidden set it read, and
+//! - in this process, a read lock that every hide and show takes for writing, so no
+//!   document visible to the view is hidden (and then changed) while the view is held;
+//! - for other processes sharing the index (replicas on one Qdrant collection), the
+//!   `epoch` it started from: [`View::unchanged`] tells whether another writer hid or
+//!   showed anything meanwhile, in which case the read is done again.
+//!
+//! The race this replaced: the hidden set used to be read, the search run, and a writer
+//! could begin (hide) and write a new version between the two, so the search's stale
+//! filter let the new version's first chunks through beside the old version.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -35,6 +55,16 @@ pub const FORMAT: u32 = 3;
 /// a process that died: it is rolled back (or forward) by the next process that opens
 /// the index.
 pub const STALE_AFTER_SECS: u64 = 600;
+
+/// How many times a read is done again when other replicas keep changing what search
+/// shows while it runs, before it fails as unavailable (the service answers 503).
+pub const READ_ATTEMPTS: usize = 8;
+
+/// A `hidden` entry that hides everything: an unfinished `docent migrate` into this index.
+pub(crate) const MIGRATING: &str = "*migrating*";
+
+/// The `meta` entry that changes with every change of the hidden set.
+const EPOCH: &str = "epoch";
 
 /// What an index was built with; an index built otherwise is refused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,6 +107,20 @@ struct Journaled {
     updated: u64,
 }
 
+/// A fresh token (catalog values that only need to differ from every earlier one).
+fn token() -> String {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    hash_name(&[
+        &nanos.to_string(),
+        &n.to_string(),
+        &std::process::id().to_string(),
+    ])
+}
+
 fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -108,15 +152,25 @@ fn to_payload(value: impl Serialize) -> Result<Payload> {
 
 /// Documents, their versions and their chunks, over a [`VectorIndex`].
 ///
-/// Readers never see half a document or two versions of one source: a version being
-/// written is hidden from search until [`Store::publish`], which in one step (for this
-/// process's readers; for other replicas, within one catalog write) shows it and hides
-/// the versions it replaces; those are then deleted.
+/// Readers never see half a document or two versions of one source (see the module's
+/// "What a reader sees"): a version being written is hidden from search until
+/// [`Store::publish`] shows it and hides the versions it replaces in one step; those are
+/// then deleted.
 pub struct Store {
     index: Arc<dyn VectorIndex>,
     recovered: Vec<Version>,
-    /// Orders visibility swaps against this process's searches.
+    /// Held for reading by every [`View`], for writing by every change of the hidden set.
     visibility: tokio::sync::RwLock<()>,
+}
+
+/// A consistent read of the store (see the module's "What a reader sees"): searches and
+/// payload reads over one hidden set. Hold it only while reading: writers that hide or
+/// show documents wait for it.
+pub struct View<'s> {
+    store: &'s Store,
+    _visible: tokio::sync::RwLockReadGuard<'s, ()>,
+    epoch: Option<Value>,
+    hidden: Vec<String>,
 }
 
 impl Store {
@@ -247,29 +301,36 @@ impl Store {
                     origin,
                     replaces,
                 } => {
+                    // everything it touches is hidden while it is finished, then shown
+                    let mut touched = vec![version.document_id.clone()];
+                    touched.extend(
+                        replaces
+                            .iter()
+                            .filter(|old| **old != version)
+                            .map(|old| old.document_id.clone()),
+                    );
+                    self.set_hidden(&touched, &[]).await?;
                     if let Some(o) = &origin {
                         if !self.origins(&version.document_id).await?.is_empty() {
                             self.attach_unversioned(&version.document_id, o).await?;
                         }
                     }
-                    self.index
-                        .catalog_delete("hidden", &version.document_id)
-                        .await?;
                     for old in replaces.iter().filter(|old| **old != version) {
                         self.detach_unversioned(&old.document_id, &old.source)
                             .await?;
-                        self.index
-                            .catalog_delete("hidden", &old.document_id)
-                            .await?;
                     }
+                    self.set_hidden(&[], &touched).await?;
                 }
             }
             self.index.catalog_delete("journal", &name).await?;
         }
         if exclusive {
             // nothing else can be writing: a document still hidden was left by a crash
+            // (an unfinished migration stays marked: only `docent migrate` finishes it)
             for (id, _) in self.index.catalog_list("hidden").await? {
-                self.index.catalog_delete("hidden", &id).await?;
+                if id != MIGRATING {
+                    self.index.catalog_delete("hidden", &id).await?;
+                }
             }
         }
         self.index.flush().await?;
@@ -279,19 +340,77 @@ impl Store {
 
     /// Marks a change of what search can see (see [`Self::revision`]).
     async fn bump(&self) -> Result<()> {
-        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let token = hash_name(&[
-            &nanos.to_string(),
-            &n.to_string(),
-            &std::process::id().to_string(),
-        ]);
         self.index
-            .catalog_put("meta", "revision", json!(token))
+            .catalog_put("meta", "revision", json!(token()))
             .await
+    }
+
+    /// Hides the documents `hide` and shows `show` (in that order: never both versions
+    /// at once), then changes the epoch; under the visibility lock, so this process's
+    /// views see all of it or none. A document's points may change only after it was
+    /// hidden here (or in [`Self::set_hidden_locked`]).
+    async fn set_hidden(&self, hide: &[String], show: &[String]) -> Result<()> {
+        let _swap = self.visibility.write().await;
+        self.set_hidden_locked(hide, show).await
+    }
+
+    /// [`Self::set_hidden`] for a caller that holds the visibility lock for writing (to
+    /// change documents that views see, and show them again, in one step for this
+    /// process's readers).
+    async fn set_hidden_locked(&self, hide: &[String], show: &[String]) -> Result<()> {
+        for id in hide {
+            self.index.catalog_put("hidden", id, json!({})).await?;
+        }
+        for id in show {
+            self.index.catalog_delete("hidden", id).await?;
+        }
+        self.index.catalog_put("meta", EPOCH, json!(token())).await
+    }
+
+    /// A consistent read of what search shows now (see [`View`]).
+    pub async fn view(&self) -> Result<View<'_>> {
+        let visible = self.visibility.read().await;
+        // the epoch before the hidden set: a change between the two reads shows as a
+        // changed epoch at the end
+        let epoch = self.index.catalog_get("meta", EPOCH).await?;
+        let hidden = self.hidden().await?;
+        Ok(View {
+            store: self,
+            _visible: visible,
+            epoch,
+            hidden,
+        })
+    }
+
+    /// The error of a read that other processes kept changing under it
+    /// ([`READ_ATTEMPTS`] reads in a row).
+    pub fn kept_changing() -> Error {
+        Error::Unavailable(format!(
+            "what search shows changed during {READ_ATTEMPTS} reads in a row (other processes are publishing into this index); try again"
+        ))
+    }
+
+    /// [`View::query`] on one state of the store: again when another process changed what
+    /// search shows meanwhile ([`View::unchanged`]).
+    async fn query(
+        &self,
+        query: &Embedding,
+        mode: SearchMode,
+        fusion: &Fusion,
+        limit: usize,
+        only: &SearchFilter,
+        with_payload: bool,
+    ) -> Result<Vec<Scored>> {
+        for _ in 0..READ_ATTEMPTS {
+            let view = self.view().await?;
+            let found = view
+                .query(query, mode, fusion, limit, only, with_payload)
+                .await?;
+            if view.unchanged().await? {
+                return Ok(found);
+            }
+        }
+        Err(Self::kept_changing())
     }
 
     /// A value that changes whenever what search can see may have changed (a document
@@ -327,12 +446,19 @@ impl Store {
         self.index.upsert(points).await
     }
 
-    /// Removes every chunk of a document.
+    /// Removes every chunk of a document (hidden first: no search sees part of it).
     pub async fn delete_document(&self, document_id: &str) -> Result<()> {
+        let id = [document_id.to_string()];
+        let swap = self.visibility.write().await;
+        self.set_hidden_locked(&id, &[]).await?;
         let result = self
             .index
             .delete(&Filter::is("document_id", document_id))
             .await;
+        if result.is_ok() {
+            self.set_hidden_locked(&[], &id).await?;
+        }
+        drop(swap);
         self.bump().await?;
         result
     }
@@ -370,7 +496,12 @@ impl Store {
     /// Adds `origin` to a stored document (or updates its metadata). Returns whether the
     /// source was new to the document.
     pub async fn attach(&self, document_id: &str, origin: &Origin) -> Result<bool> {
+        let id = [document_id.to_string()];
+        let swap = self.visibility.write().await;
+        self.set_hidden_locked(&id, &[]).await?;
         let result = self.attach_unversioned(document_id, origin).await;
+        self.set_hidden_locked(&[], &id).await?;
+        drop(swap);
         self.bump().await?;
         result
     }
@@ -400,7 +531,12 @@ impl Store {
     /// Removes `source` from a document's origins; a document left without sources is
     /// deleted.
     pub async fn detach(&self, document_id: &str, source: &str) -> Result<()> {
+        let id = [document_id.to_string()];
+        let swap = self.visibility.write().await;
+        self.set_hidden_locked(&id, &[]).await?;
         let result = self.detach_unversioned(document_id, source).await;
+        self.set_hidden_locked(&[], &id).await?;
+        drop(swap);
         self.bump().await?;
         result
     }
@@ -464,8 +600,7 @@ impl Store {
             },
         )
         .await?;
-        self.index
-            .catalog_put("hidden", &version.document_id, json!({}))
+        self.set_hidden(std::slice::from_ref(&version.document_id), &[])
             .await
     }
 
@@ -485,6 +620,10 @@ impl Store {
     /// (written since [`Store::begin`], or already stored under other sources, in which
     /// case `origin` is added to it), hides the documents in `replaces` that no other
     /// source holds, then removes `version.source` from each of `replaces`.
+    ///
+    /// Documents whose labels change (the stored document that gains `origin`, replaced
+    /// ones that other sources keep) are hidden while they change and shown with the new
+    /// version; replaced ones that vanish are hidden with that step, then deleted.
     pub async fn publish(
         &self,
         version: &Version,
@@ -503,20 +642,25 @@ impl Store {
         )
         .await?;
         let mut vanishing = Vec::new();
+        let mut relabelled = Vec::new();
         for old in replaces {
             let origins = self.origins(&old.document_id).await?;
             if origins.iter().all(|o| o.source == old.source) {
                 vanishing.push(old.document_id.clone());
+            } else if old.document_id != version.document_id {
+                relabelled.push(old.document_id.clone());
             }
         }
-        {
-            let _swap = self.visibility.write().await;
-            for id in &vanishing {
-                self.index.catalog_put("hidden", id, json!({})).await?;
-            }
-            self.index
-                .catalog_delete("hidden", &version.document_id)
-                .await?;
+        let mut changing = relabelled.clone();
+        if origin.is_some() {
+            changing.push(version.document_id.clone());
+        }
+        // held from the relabelling to the swap: this process's readers see the old
+        // state or the new one; other processes' may see the relabelled ones missing
+        // for that moment, never changing
+        let swap = self.visibility.write().await;
+        if !changing.is_empty() {
+            self.set_hidden_locked(&changing, &[]).await?;
         }
         let mut result = match origin {
             Some(o) => self
@@ -525,12 +669,29 @@ impl Store {
                 .map(|_| ()),
             None => Ok(()),
         };
-        for old in replaces {
+        for old in replaces
+            .iter()
+            .filter(|old| !vanishing.contains(&old.document_id))
+        {
+            if let Err(e) = self.detach_unversioned(&old.document_id, &old.source).await {
+                result = Err(e);
+            }
+        }
+        // the swap: the replaced versions out, the new one (and the relabelled) in
+        let mut shown = relabelled;
+        shown.push(version.document_id.clone());
+        self.set_hidden_locked(&vanishing, &shown).await?;
+        drop(swap);
+        for old in replaces
+            .iter()
+            .filter(|old| vanishing.contains(&old.document_id))
+        {
             if let Err(e) = self.detach_unversioned(&old.document_id, &old.source).await {
                 result = Err(e);
             }
         }
         if result.is_ok() {
+            // the vanished versions have no points left: their hidden marks can go
             for id in &vanishing {
                 self.index.catalog_delete("hidden", id).await?;
             }
@@ -565,15 +726,22 @@ impl Store {
             .await
     }
 
-    /// Documents hidden from search now.
+    /// Documents hidden from search now; unavailable while a migration fills the index.
     async fn hidden(&self) -> Result<Vec<String>> {
-        Ok(self
+        let hidden: Vec<String> = self
             .index
             .catalog_list("hidden")
             .await?
             .into_iter()
             .map(|(id, _)| id)
-            .collect())
+            .collect();
+        if hidden.iter().any(|id| id == MIGRATING) {
+            return Err(Error::Unavailable(format!(
+                "a migration into this index ({}) is unfinished: run the same `docent migrate` again to finish it",
+                self.index.describe()
+            )));
+        }
+        Ok(hidden)
     }
 
     fn filter(only: &SearchFilter, hidden: Vec<String>) -> Filter {
@@ -586,32 +754,10 @@ impl Store {
             .and_not("document_id", hidden)
     }
 
-    async fn query(
-        &self,
-        query: &Embedding,
-        mode: SearchMode,
-        fusion: &Fusion,
-        limit: usize,
-        only: &SearchFilter,
-        with_payload: bool,
-    ) -> Result<Vec<Scored>> {
-        let _visible = self.visibility.read().await;
-        let request = SearchRequest {
-            dense: query.dense.clone(),
-            sparse: query.sparse.clone(),
-            mode,
-            fusion: *fusion,
-            limit,
-            filter: Self::filter(only, self.hidden().await?),
-            with_payload,
-        };
-        self.index.search(&request).await
-    }
-
     /// The best `limit` chunks for a query among published versions that pass `only`
     /// (applied inside the search): by dense similarity, by BM25 (IDF from the index), or
     /// both fused as `fusion` says over the `fusion.candidates`× deeper result lists of
-    /// each.
+    /// each. One consistent read ([`View::search`]).
     pub async fn search(
         &self,
         query: &Embedding,
@@ -620,24 +766,10 @@ impl Store {
         limit: usize,
         only: &SearchFilter,
     ) -> Result<Vec<Hit>> {
-        self.query(query, mode, fusion, limit, only, true)
-            .await?
-            .into_iter()
-            .map(|p| {
-                let payload = p.payload.ok_or(Error::Malformed {
-                    what: "search result",
-                    detail: "a point without payload".into(),
-                })?;
-                Ok(Hit {
-                    payload: parse_payload(payload)?,
-                    score: p.score,
-                })
-            })
-            .collect()
+        to_hits(self.query(query, mode, fusion, limit, only, true).await?)
     }
 
-    /// [`Self::search`] without the payloads: point ids (see [`point_id`]) and scores,
-    /// best first. Cheaper when only the scores are needed.
+    /// [`Self::search`] without the payloads ([`View::search_scores`]).
     pub async fn search_scores(
         &self,
         query: &Embedding,
@@ -646,23 +778,18 @@ impl Store {
         limit: usize,
         only: &SearchFilter,
     ) -> Result<Vec<(u64, f32)>> {
-        Ok(self
-            .query(query, mode, fusion, limit, only, false)
-            .await?
-            .into_iter()
-            .map(|p| (p.id, p.score))
-            .collect())
+        Ok(to_scores(
+            self.query(query, mode, fusion, limit, only, false).await?,
+        ))
     }
 
-    /// The chunks of scored point ids (from [`Self::search_scores`] or a fusion of such
-    /// lists), in the order given, with their scores; ids no longer stored are skipped.
+    /// The chunks of scored point ids ([`View::hits`]).
     pub async fn hits(&self, scored: &[(u64, f32)]) -> Result<Vec<Hit>> {
-        let ids: Vec<u64> = scored.iter().map(|p| p.0).collect();
-        let mut found = self.payloads(&ids).await?;
-        Ok(scored
-            .iter()
-            .filter_map(|&(id, score)| found.remove(&id).map(|payload| Hit { payload, score }))
-            .collect())
+        hits_of(
+            self.payloads(scored.iter().map(|p| p.0).collect::<Vec<_>>().as_slice())
+                .await?,
+            scored,
+        )
     }
 
     /// The stored payloads of point ids, in one read; ids not stored are absent.
@@ -764,5 +891,95 @@ impl Store {
     /// Makes everything written so far durable.
     pub async fn flush(&self) -> Result<()> {
         self.index.flush().await
+    }
+}
+
+fn to_hits(found: Vec<Scored>) -> Result<Vec<Hit>> {
+    found
+        .into_iter()
+        .map(|p| {
+            let payload = p.payload.ok_or(Error::Malformed {
+                what: "search result",
+                detail: "a point without payload".into(),
+            })?;
+            Ok(Hit {
+                payload: parse_payload(payload)?,
+                score: p.score,
+            })
+        })
+        .collect()
+}
+
+fn to_scores(found: Vec<Scored>) -> Vec<(u64, f32)> {
+    found.into_iter().map(|p| (p.id, p.score)).collect()
+}
+
+fn hits_of(mut found: HashMap<u64, ChunkPayload>, scored: &[(u64, f32)]) -> Result<Vec<Hit>> {
+    Ok(scored
+        .iter()
+        .filter_map(|&(id, score)| found.remove(&id).map(|payload| Hit { payload, score }))
+        .collect())
+}
+
+impl View<'_> {
+    async fn query(
+        &self,
+        query: &Embedding,
+        mode: SearchMode,
+        fusion: &Fusion,
+        limit: usize,
+        only: &SearchFilter,
+        with_payload: bool,
+    ) -> Result<Vec<Scored>> {
+        let request = SearchRequest {
+            dense: query.dense.clone(),
+            sparse: query.sparse.clone(),
+            mode,
+            fusion: *fusion,
+            limit,
+            filter: Store::filter(only, self.hidden.clone()),
+            with_payload,
+        };
+        self.store.index.search(&request).await
+    }
+
+    /// See [`Store::search`].
+    pub async fn search(
+        &self,
+        query: &Embedding,
+        mode: SearchMode,
+        fusion: &Fusion,
+        limit: usize,
+        only: &SearchFilter,
+    ) -> Result<Vec<Hit>> {
+        to_hits(self.query(query, mode, fusion, limit, only, true).await?)
+    }
+
+    /// [`Self::search`] without the payloads: point ids (see [`point_id`]) and scores,
+    /// best first. Cheaper when only the scores are needed.
+    pub async fn search_scores(
+        &self,
+        query: &Embedding,
+        mode: SearchMode,
+        fusion: &Fusion,
+        limit: usize,
+        only: &SearchFilter,
+    ) -> Result<Vec<(u64, f32)>> {
+        Ok(to_scores(
+            self.query(query, mode, fusion, limit, only, false).await?,
+        ))
+    }
+
+    /// The chunks of scored point ids (from [`Self::search_scores`] or a fusion of such
+    /// lists), in the order given, with their scores; ids no longer stored are skipped.
+    pub async fn hits(&self, scored: &[(u64, f32)]) -> Result<Vec<Hit>> {
+        self.store.hits(scored).await
+    }
+
+    /// Whether what search shows is still what this view started from: false when
+    /// another process sharing the index hid or showed documents meanwhile (the read may
+    /// then mix versions and must be done again). Call it after the last read.
+    pub async fn unchanged(&self) -> Result<bool> {
+        Ok(self.store.index.catalog_get("meta", EPOCH).await? == self.epoch)
     }
 }
