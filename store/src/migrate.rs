@@ -9,7 +9,7 @@
 use serde_json::json;
 
 use crate::index::VectorIndex;
-use crate::store::MIGRATING;
+use crate::store::{EPOCH, MIGRATING};
 use crate::{Error, Result};
 
 /// What a copy did.
@@ -99,7 +99,7 @@ pub async fn copy(
     }
     to.flush().await?;
     to.catalog_delete("hidden", MIGRATING).await?;
-    to.catalog_put("meta", "epoch", json!(cursor_name)).await?;
+    to.catalog_put("meta", EPOCH, json!(cursor_name)).await?;
     // readers of the target (and their answer caches) see a new revision
     to.catalog_put("meta", "revision", json!(cursor_name))
         .await?;

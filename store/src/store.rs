@@ -64,7 +64,7 @@ pub const READ_ATTEMPTS: usize = 8;
 pub(crate) const MIGRATING: &str = "*migrating*";
 
 /// The `meta` entry that changes with every change of the hidden set.
-const EPOCH: &str = "epoch";
+pub(crate) const EPOCH: &str = "epoch";
 
 /// What an index was built with; an index built otherwise is refused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -785,11 +785,12 @@ impl Store {
 
     /// The chunks of scored point ids ([`View::hits`]).
     pub async fn hits(&self, scored: &[(u64, f32)]) -> Result<Vec<Hit>> {
-        hits_of(
-            self.payloads(scored.iter().map(|p| p.0).collect::<Vec<_>>().as_slice())
-                .await?,
-            scored,
-        )
+        let ids: Vec<u64> = scored.iter().map(|p| p.0).collect();
+        let mut found = self.payloads(&ids).await?;
+        Ok(scored
+            .iter()
+            .filter_map(|&(id, score)| found.remove(&id).map(|payload| Hit { payload, score }))
+            .collect())
     }
 
     /// The stored payloads of point ids, in one read; ids not stored are absent.
@@ -912,13 +913,6 @@ fn to_hits(found: Vec<Scored>) -> Result<Vec<Hit>> {
 
 fn to_scores(found: Vec<Scored>) -> Vec<(u64, f32)> {
     found.into_iter().map(|p| (p.id, p.score)).collect()
-}
-
-fn hits_of(mut found: HashMap<u64, ChunkPayload>, scored: &[(u64, f32)]) -> Result<Vec<Hit>> {
-    Ok(scored
-        .iter()
-        .filter_map(|&(id, score)| found.remove(&id).map(|payload| Hit { payload, score }))
-        .collect())
 }
 
 impl View<'_> {
