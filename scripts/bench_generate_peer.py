@@ -9,7 +9,8 @@ model uses one) compares the engines, not their tokenizers or chat templates, an
 decoding of a fixed length makes the outputs comparable token for token.
 
 Method, for each prompt and repeat (one llama_cpp.Llama for all, n_ctx 4096, n_batch 512,
-n_threads = n_threads_batch = --threads, CPU only):
+n_threads = n_threads_batch = --threads; on the CPU, or with --gpu-layers N the first N layers,
+all of them with 999, on the GPU of a llama-cpp-python built with CUDA):
   * the KV cache is cleared;
   * prefill: llm.eval(prompt tokens) (batches of n_batch), then the first token is the argmax
     of the last position's logits; TTFT = prefill + that first argmax;
@@ -38,6 +39,10 @@ Environment: models/.venv-llama (bash scripts/bench-generate-venv.sh).
 Usage:
   models/.venv-llama/bin/python scripts/bench_generate_peer.py --model FILE.gguf --threads 2 \\
       --prompt-tokens prompts.json --new-tokens 128 [--repeat 3] [--warmup 1] [--flash-attn]
+      [--gpu-layers 999]
+On a GPU, each decoded token also pays this script's Python: llm.eval copies the logits into
+a numpy array and np.argmax scans them (~0.1 ms for a 151k vocabulary), which docent's side
+pays too (mistral.rs copies logits to the host and samples there).
 """
 
 from __future__ import annotations
@@ -115,10 +120,11 @@ def load_prompts(path: str, n_vocab: int, new_tokens: int) -> list[dict]:
 
 
 class Engine:
-    def __init__(self, model: str, threads: int, flash_attn: bool):
+    def __init__(self, model: str, threads: int, flash_attn: bool, gpu_layers: int = 0):
         self.llm = llama_cpp.Llama(
             model_path=model, n_ctx=N_CTX, n_batch=N_BATCH, n_threads=threads,
-            n_threads_batch=threads, n_gpu_layers=0, logits_all=False, flash_attn=flash_attn,
+            n_threads_batch=threads, n_gpu_layers=gpu_layers, logits_all=False,
+            flash_attn=flash_attn,
             verbose=False,
         )
         self.n_vocab = self.llm.n_vocab()
@@ -165,6 +171,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs of the first prompt first (default 1)")
     ap.add_argument("--flash-attn", action="store_true",
                     help="enable llama.cpp's flash attention (llama-cpp-python's default is off)")
+    ap.add_argument("--gpu-layers", type=int, default=0,
+                    help="layers offloaded to the GPU (999: all; needs a CUDA build of llama-cpp-python)")
     args = ap.parse_args()
 
     if args.threads < 1:
@@ -175,10 +183,13 @@ def main() -> int:
         fail("--repeat must be at least 1 and --warmup at least 0")
     if not os.path.isfile(args.model):
         fail(f"{args.model}: no such file")
+    if args.gpu_layers > 0 and not llama_cpp.llama_supports_gpu_offload():
+        fail("--gpu-layers asks for the GPU, but this llama-cpp-python was built without GPU "
+             "support (build it with CMAKE_ARGS=-DGGML_CUDA=on)")
 
     t = time.perf_counter()
     try:
-        engine = Engine(args.model, args.threads, args.flash_attn)
+        engine = Engine(args.model, args.threads, args.flash_attn, args.gpu_layers)
     except Exception as e:  # llama-cpp-python raises ValueError with little detail
         fail(f"{args.model}: llama.cpp could not load it ({e}); run with a llama.cpp build that "
              "supports its architecture and tensor types")
@@ -227,6 +238,8 @@ def main() -> int:
         "n_ctx": N_CTX,
         "n_batch": N_BATCH,
         "flash_attn": args.flash_attn,
+        "gpu_layers": args.gpu_layers,
+        "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
         "repeat": args.repeat,
         "warmup": args.warmup,
         "results": results,

@@ -781,11 +781,20 @@ impl Config {
                 ),
             );
         }
-        if !["cpu", "auto"].contains(&self.generation.device.as_str()) {
-            return invalid(
-                "generation.device",
-                format!("must be cpu or auto, got {:?}", self.generation.device),
-            );
+        {
+            use crate::query::generate::device::{DeviceChoice, CUDA_BUILT};
+            match self.generation.device.parse::<DeviceChoice>() {
+                Err(e) => return invalid("generation.device", e),
+                Ok(DeviceChoice::Cuda(_)) if !CUDA_BUILT => {
+                    return invalid(
+                        "generation.device",
+                        "this binary was built without CUDA: build with `--features cuda` \
+                         (scripts/cuda-toolkit.sh), or use cpu or auto"
+                            .into(),
+                    );
+                }
+                Ok(_) => {}
+            }
         }
         if !matches!(
             self.generation.answer_mode,
@@ -1063,6 +1072,29 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn the_generation_device_is_checked_at_start_up() {
+        let with = |device: &str| {
+            let mut c = Config::default();
+            c.generation.device = device.into();
+            c.validate().map_err(|e| e.to_string())
+        };
+        assert!(with("cpu").is_ok());
+        assert!(with("auto").is_ok());
+        let err = with("gpu0").unwrap_err();
+        assert!(
+            err.contains("generation.device") && err.contains("cuda:N"),
+            "{err}"
+        );
+        let cuda = with("cuda:1");
+        if crate::query::generate::device::CUDA_BUILT {
+            assert!(cuda.is_ok(), "{cuda:?}");
+        } else {
+            let err = cuda.unwrap_err();
+            assert!(err.contains("built without CUDA"), "{err}");
+        }
     }
 
     #[test]

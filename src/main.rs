@@ -261,6 +261,10 @@ enum Bench {
         /// Activation dtype.
         #[arg(long, default_value = "f32")]
         dtype: String,
+        /// Device of every engine (generation.device: cpu, cuda, cuda:N, auto); on a GPU the
+        /// llama.cpp peer runs there too.
+        #[arg(long, default_value = "cpu")]
+        device: String,
         /// Prompt lengths in tokens.
         #[arg(long, default_value = "600,1200", value_delimiter = ',')]
         prompt_tokens: Vec<usize>,
@@ -596,8 +600,12 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             mix,
         }) => {
             anyhow::ensure!(
-                clients > 0 && seconds > 0.0 && kill_after > 0.0 && kill_after < seconds,
-                "--clients and --seconds must be positive, --kill-after within --seconds"
+                clients > 0 && seconds > 0.0,
+                "--clients and --seconds must be positive"
+            );
+            anyhow::ensure!(
+                no_kill || (kill_after > 0.0 && kill_after < seconds),
+                "--kill-after must be within --seconds (or pass --no-kill)"
             );
             let ok = docent::tools::bench::load::run(
                 &config,
@@ -659,6 +667,7 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
         Command::Bench(Bench::Generate {
             model,
             dtype,
+            device,
             prompt_tokens,
             new_tokens,
             repeat,
@@ -713,6 +722,7 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             )?;
             let opts = docent::tools::bench::generate::Options {
                 models,
+                device,
                 dtype,
                 prompt_tokens,
                 new_tokens,

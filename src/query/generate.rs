@@ -7,6 +7,7 @@
 
 pub mod catalog;
 pub mod cpu_kernels;
+pub mod device;
 
 use serde::{Deserialize, Serialize};
 use std::num::NonZeroUsize;
@@ -103,7 +104,9 @@ pub struct GenerationConfig {
     pub draft: Option<DraftConfig>,
     /// Activation dtype: `f32` (fastest on CPU), `f16`, `bf16` or `auto`.
     pub dtype: String,
-    /// `cpu`, or `auto` to use CUDA when built with it.
+    /// `cpu`; `cuda` or `cuda:N` (a build with `--features cuda`; an error otherwise); or
+    /// `auto`: GPU 0 when the build has CUDA and a GPU opens, else the CPU. See
+    /// `generate::device`.
     pub device: String,
     pub max_tokens: usize,
     /// Largest `max_tokens` a request may ask for.
@@ -663,13 +666,23 @@ impl Generator {
         } else {
             0
         });
-        let force_cpu = config.device == "cpu";
+        let device_choice: device::DeviceChoice = config
+            .device
+            .parse()
+            .map_err(|e| load_err(format!("generation.device {e}")))?;
         let dtype = dtype(&config.dtype);
         let max_num_seqs = NonZeroUsize::new(config.max_num_seqs).unwrap_or(NonZeroUsize::MIN);
 
+        let dtype_is_f32 = config.dtype == "f32";
         let started = Instant::now();
         let pipeline = tokio::task::spawn_blocking(move || {
-            let device = mistralrs::best_device(force_cpu).map_err(|e| e.to_string())?;
+            let device = device_choice.select()?;
+            if !device.is_cpu() && dtype_is_f32 {
+                tracing::warn!(
+                    "generation.dtype = \"f32\" on a GPU: attention and the KV cache run in F32; \
+                     \"auto\" (BF16 on recent GPUs) is faster"
+                );
+            }
             loader
                 .load_model_from_hf(
                     None,

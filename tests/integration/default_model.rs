@@ -95,3 +95,39 @@ async fn the_default_model_answers_from_the_context_and_refuses_what_it_lacks() 
         assert!(refused["citations"].as_array().unwrap().is_empty());
     }
 }
+
+/// Speculative decoding with a draft of another shape: Qwen2.5-Coder 0.5B (head_dim 64)
+/// drafting for the 1.5B (head_dim 128), the catalog's pair. mistral.rs handed the draft
+/// the sequence's caches preallocated in the target's shape, and its first append failed
+/// ("shape mismatch"); the draft now allocates its own. The output is the 1.5B's own
+/// greedy output.
+#[tokio::test]
+async fn the_0_5b_drafts_for_the_1_5b() {
+    use docent::query::generate::{catalog, Generator};
+    let big = crate::helpers::models().join(
+        &catalog::find("qwen2.5-coder-1.5b")
+            .expect("in the catalog")
+            .file,
+    );
+    let small = default_model();
+    let mut c = crate::helpers::generation();
+    c.model = big;
+    c.prefix_cache = false;
+    let plain = Generator::load(&c).await.expect("load the 1.5B");
+    c.draft = Some(docent::config::DraftConfig {
+        model: small,
+        gamma: 4,
+    });
+    let speculative = Generator::load(&c)
+        .await
+        .expect("load the 1.5B with the 0.5B draft");
+    // "fn main() {" in Qwen's tokenizer, then greedy
+    let prompt = plain.encode("// Rust: print the sum of 2 and 3\nfn main() {");
+    let want = plain.complete_tokens(prompt.clone(), 12).await.unwrap();
+    let got = speculative.complete_tokens(prompt, 12).await.unwrap();
+    assert_eq!(
+        got.token_ids, want.token_ids,
+        "{:?} vs {:?}",
+        got.text, want.text
+    );
+}

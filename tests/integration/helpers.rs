@@ -23,6 +23,19 @@ pub fn default_model() -> PathBuf {
     models().join(&m.file)
 }
 
+/// Where the generation tests run: `DOCENT_TEST_DEVICE` (`cpu` by default; `cuda` in a
+/// CUDA build on a GPU machine, which `scripts/gpu-check.sh` sets).
+pub fn test_device() -> String {
+    std::env::var("DOCENT_TEST_DEVICE").unwrap_or_else(|_| "cpu".into())
+}
+
+/// The default generation settings on the test device.
+pub fn generation() -> docent::config::GenerationConfig {
+    let mut c = Config::default().generation;
+    c.device = test_device();
+    c
+}
+
 /// The shared data folder beside the checkout.
 pub fn shared() -> PathBuf {
     let p = std::env::var_os("DOCENT_SHARED_DIR")

@@ -21,6 +21,9 @@ use crate::tools::bench::{Peer, RemoveOnDrop};
 pub struct Options {
     /// GGUF files (or other model sources) to measure, each on its own.
     pub models: Vec<PathBuf>,
+    /// `generation.device` for every engine of the run; on a GPU the llama.cpp peer runs
+    /// there too (all layers offloaded, flash attention on).
+    pub device: String,
     /// Activation dtype for all of them (`f32`, `f16`, `bf16`, `auto`).
     pub dtype: String,
     /// Prompt lengths in tokens.
@@ -149,6 +152,8 @@ pub struct KvRow {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct GenerateBench {
+    /// `generation.device`, with the GPU's name when it is one.
+    pub device: String,
     pub threads: usize,
     pub dtype: String,
     /// `docent` (kernels/, with the instruction set it chose) or `candle`.
@@ -202,6 +207,7 @@ fn config(model: &Path, opts: &Options) -> GenerationConfig {
     GenerationConfig {
         model: model.to_path_buf(),
         dtype: opts.dtype.clone(),
+        device: opts.device.clone(),
         kernels: opts.kernels.clone(),
         isa: opts.isa.clone(),
         prefix_cache: false,
@@ -295,6 +301,11 @@ fn run_peer(
         .arg(opts.new_tokens.to_string())
         .arg("--repeat")
         .arg(opts.repeat.to_string())
+        .args(if opts.device == "cpu" {
+            &[][..]
+        } else {
+            &["--gpu-layers", "999", "--flash-attn"][..]
+        })
         .stderr(std::process::Stdio::inherit())
         .output()?;
     anyhow::ensure!(
@@ -315,6 +326,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
     std::fs::create_dir_all(&scratch)?;
     let _cleanup = RemoveOnDrop(scratch.clone());
     let mut report = GenerateBench {
+        device: describe_device(&opts.device),
         threads: opts.threads,
         kernels: if opts.kernels == "docent" {
             format!("docent ({})", docent_kernels::cpu::isa().name())
@@ -458,8 +470,10 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
                 .push(time(format!("GGUF {}", name(m)), config(m, opts)).await?);
         }
     }
-    if let (Some(model), Some(first)) = (opts.models.first(), report.models.first()) {
-        // the F16 KV cache beside the F32 one (the table above), same prompts
+    let cpu = opts.device == "cpu";
+    if let (Some(model), Some(first), true) = (opts.models.first(), report.models.first(), cpu) {
+        // the F16 KV cache beside the F32 one (the table above), same prompts (a CPU switch:
+        // on a GPU the cache has the activation dtype)
         eprintln!("bench generate: F16 KV cache");
         let mut c = config(model, opts);
         c.kv_cache = "f16".into();
@@ -573,6 +587,32 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
 }
 
 /// The processor's model name (first `model name` line of /proc/cpuinfo).
+/// The device setting, with the GPU's name from nvidia-smi when it is not the CPU.
+fn describe_device(device: &str) -> String {
+    if device == "cpu" {
+        return device.into();
+    }
+    let name = std::process::Command::new("nvidia-smi")
+        .args(["--query-gpu=name,driver_version", "--format=csv,noheader"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_string()
+        })
+        .unwrap_or_default();
+    if name.is_empty() {
+        device.into()
+    } else {
+        format!("{device} ({name})")
+    }
+}
+
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -725,6 +765,9 @@ impl fmt::Display for GenerateBench {
             self.threads, self.dtype, self.kernels
         )?;
         writeln!(f, "cpu: {}", self.cpu)?;
+        if self.device != "cpu" {
+            writeln!(f, "device: {}", self.device)?;
+        }
         if let Some(p) = &self.peer {
             writeln!(f, "peer: {p}, same files, same token ids, same threads")?;
         }

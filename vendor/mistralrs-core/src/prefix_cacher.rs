@@ -419,6 +419,18 @@ impl PrefixCacheManagerV2 {
             }
 
             let mut cache = cache_element.clone();
+            // docent: cut to the match first, then copy, so that the copy's capacity is the
+            // one a fresh sequence of that length has (rounded from match_len, not from the
+            // entry's length): the crate's scheduler batches sequences of equal length, and
+            // batched caches of unequal capacities fail to stack.
+            for layer in cache.cache.iter_mut().flatten() {
+                if layer.try_set_len(match_len).is_err() {
+                    return Ok(None);
+                }
+            }
+            for layer in cache.cache.iter_mut().flatten() {
+                layer.set_len(match_len)?;
+            }
             // docent: the sequence gets storage of its own (it appends in place).
             cache.cache = cache
                 .cache
@@ -444,14 +456,6 @@ impl PrefixCacheManagerV2 {
             } else {
                 0
             };
-            for layer in cache.cache.iter_mut().flatten() {
-                if layer.try_set_len(match_len).is_err() {
-                    return Ok(None);
-                }
-            }
-            for layer in cache.cache.iter_mut().flatten() {
-                layer.set_len(match_len)?;
-            }
             return Ok(Some(MatchingCache::Normal {
                 normal: cache.cache,
                 recurrent_snapshots: cache.recurrent_snapshots,

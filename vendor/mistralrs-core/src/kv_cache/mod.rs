@@ -393,8 +393,12 @@ impl<T: CacheManagerMixin + MetadataMixin + ?Sized> CacheManager<T> for NormalCa
             } else {
                 seqs[0].normal_cache()
             };
-            let mut caches = Vec::with_capacity(src.len());
-            for (layer_idx, layer) in src.iter().enumerate() {
+            // docent: the pipeline's own layers only: a sequence's draft cache is sized from
+            // the target's metadata, and a draft with fewer layers (Qwen2.5 0.5B: 24, for
+            // the 1.5B: 28) would index past its own cache.
+            let layers = pipeline.cache().normal().0.len();
+            let mut caches = Vec::with_capacity(layers);
+            for (layer_idx, layer) in src.iter().take(layers).enumerate() {
                 caches.push(match layer {
                     Some(cache) => cache.clone(),
                     None => {

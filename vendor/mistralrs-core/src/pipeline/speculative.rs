@@ -353,12 +353,10 @@ impl CacheManagerMixin for SpeculativePipeline {
                 );
                 self.draft_recurrent_slots.lock().unwrap().clear();
             } else {
-                NormalCacheManager.set_none_cache(
-                    &*draft,
-                    seqs,
-                    modify_draft_cache,
-                    load_preallocated_cache,
-                );
+                // docent: never the sequences' preallocated caches: they are shaped from the
+                // target's metadata, and a draft of another size (Qwen2.5 0.5B, head_dim 64,
+                // for the 1.5B, head_dim 128) failed its first append on them.
+                NormalCacheManager.set_none_cache(&*draft, seqs, modify_draft_cache, false);
             }
         }
         {
