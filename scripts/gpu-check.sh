@@ -84,6 +84,9 @@ prepare() {
     local env
     env=$("$here/scripts/cuda-toolkit.sh") || die "scripts/cuda-toolkit.sh failed"
     eval "$env"
+    # a target directory of its own: sharing the CPU build's made every switch between the
+    # two rebuild the C dependencies (aws-lc-sys, ring, zstd-sys) and all that sits on them
+    export CARGO_TARGET_DIR="${CUDA_TARGET_DIR:-$CARGO_TARGET_DIR-cuda}"
     local started=$SECONDS list
     list=$(cd "$here" && cargo_executables test --workspace --features docent/cuda --no-run) ||
         die "the CUDA build failed"
@@ -106,7 +109,16 @@ prepare() {
     local wheel
     wheel=$(ls "$HOME"/.cache/docent-cuda/peer/wheel-cu13-sm90/llama_cpp_python-0.3.36-*.whl 2>/dev/null | head -1)
     if [[ -n "$wheel" ]]; then
-        cp "$wheel" "$out/"
+        # the wheel holds each library five times (copies for the symlinks a wheel cannot
+        # hold): keep the package with one copy and soname links, 21 MB compressed
+        local tmp
+        tmp=$(mktemp -d)
+        (cd "$tmp" && unzip -q "$wheel" && rm -rf lib include bin &&
+            cd llama_cpp/lib && rm -f ./*.so.*.* &&
+            for f in *.so; do if [[ -f "$f.0" ]]; then rm -f "$f.0" && ln -s "$f" "$f.0"; fi; done) ||
+            die "repacking $wheel failed"
+        tar cf - -C "$tmp" llama_cpp llama_cpp_python-0.3.36.dist-info | xz -9e -T1 >"$out/llama_cpp_python-0.3.36-cuda.tar.xz"
+        rm -rf "$tmp"
     else
         say "no CUDA wheel of llama-cpp-python: the check will build it from the sdist there"
         trimmed_sdist "$out"
@@ -252,6 +264,10 @@ models_step() {
         unxz_to "$payload/$q.layout.xz" "$work/models/$q.layout" || return 1
         "$py" "$here/scripts/synth_weights.py" synth "$work/models/$q.layout" "$work/models/$q.gguf" 1 || return 1
     done
+    if [[ ! -d "$payload/minilm" ]]; then
+        echo "no embedder layout in the payload: the load step cannot run"
+        return
+    fi
     cp "$payload"/minilm/*.json "$work/models/minilm/"
     "$py" "$here/scripts/synth_weights.py" st-synth "$payload/minilm/model.layout" \
         "$work/models/minilm/model.safetensors" 1 || return 1
@@ -279,11 +295,21 @@ peer_step() {
     fi
     local whl
     whl=$(ls "$payload"/llama_cpp_python-0.3.36-*.whl 2>/dev/null | head -1)
+    if [[ -f "$payload/llama_cpp_python-0.3.36-cuda.tar.xz" ]]; then
+        # the prebuilt peer (--prepare repacks the CUDA wheel)
+        mkdir -p "$work/site"
+        tar xJf "$payload/llama_cpp_python-0.3.36-cuda.tar.xz" -C "$work/site" || return 1
+        "$py" -m pip install -q --no-index --no-deps --no-compile --target "$work/site" \
+            "$payload"/diskcache-*.whl || return 1
+        PYTHONPATH="$work/site" "$py" -c 'import llama_cpp; print("llama-cpp-python", llama_cpp.__version__, "GPU offload:", llama_cpp.llama_supports_gpu_offload())'
+        return
+    fi
     if [[ -z "$whl" ]]; then
         # build the peer from the pinned sdist (CUDA, sm_90): the machine has nvcc and cmake
         local src="$payload/llama_cpp_python-0.3.36-trimmed.tar.xz"
         [[ -f "$src" ]] || { echo "no peer wheel and no sdist in $payload"; return 1; }
         tar xJf "$src" -C "$work"
+        command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
         CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_NATIVE=OFF -DGGML_CUDA_NCCL=OFF -DLLAVA_BUILD=OFF" \
             CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$py" -m pip wheel --no-build-isolation --no-deps \
             -w "$work/wheel" "$work/llama_cpp_python-0.3.36" || return 1
@@ -335,24 +361,29 @@ if [[ $mode == dry-run ]]; then
     peer_python=""
     [[ -x "$here/models/.venv-llama/bin/python" ]] && peer_python="$here/models/.venv-llama/bin/python"
 else
-    peer_python=$py
+    peer_python=$(command -v "$py")
 fi
 cd "$here" || exit 1
 export here work payload mode device dtype new_tokens repeat load_seconds load_clients \
     prompt_tokens docent integration peer_python py OUT
 export -f say unxz_to env_step models_step tests_step peer_step generate_step load_step
 
-step env 60 env_step
+# GPU_CHECK_STEPS picks steps (default: all), e.g. a short first look without the peer
+wanted=" ${GPU_CHECK_STEPS:-env models tests peer generate load} "
+want() { [[ "$wanted" == *" $1 "* ]]; }
+want env && step env 60 env_step
 [[ -f "$work/ld.sh" ]] && . "$work/ld.sh"
-step models 240 models_step
-step tests 180 tests_step
-if [[ $mode == dry-run && -z "$peer_python" ]]; then
+want models && step models 240 models_step
+want tests && step tests 180 tests_step
+if ! want peer; then
+    peer_python=""
+elif [[ $mode == dry-run && -z "$peer_python" ]]; then
     say "dry run: no CPU peer (models/.venv-llama: scripts/bench-generate-venv.sh); bench without it"
 else
     step peer 420 peer_step || peer_python=""
 fi
-step generate 420 generate_step
-step load $((load_seconds + 150)) load_step
+want generate && step generate 420 generate_step
+want load && step load $((load_seconds + 150)) load_step
 
 python3 - "$OUT" "$mode" <<'EOF'
 import json, os, sys

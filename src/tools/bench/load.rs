@@ -125,7 +125,18 @@ struct Route {
     statuses: BTreeMap<u16, usize>,
     /// Requests that got no HTTP answer (connection refused or reset).
     no_answer: usize,
+    /// 503 answers that report a failure (`generation_failed`, `retrieval_failed`), not an
+    /// overload or a store made unavailable on purpose: counted as failures.
+    failed_503: usize,
 }
+
+/// Error codes of a 503 that reports something broken rather than "come back later".
+const FAILURE_503_CODES: [&str; 2] = ["generation_failed", "retrieval_failed"];
+
+/// How long a client waits after a 429 or 503 before its next request, as a client that
+/// honours `Retry-After` would (without it, 64 clients resend rejected requests as fast as
+/// the server rejects them, and the rejections take the CPU the answers need).
+const BACKOFF: Duration = Duration::from_millis(100);
 
 #[derive(Default)]
 struct Tally {
@@ -283,6 +294,18 @@ fn client(
             Ok((status, body)) => {
                 r.latencies_ms.push(ms);
                 *r.statuses.entry(status).or_default() += 1;
+                let failure = status == 503
+                    && serde_json::from_slice::<serde_json::Value>(&body).is_ok_and(|v| {
+                        v["error"]["code"]
+                            .as_str()
+                            .is_some_and(|c| FAILURE_503_CODES.contains(&c))
+                    });
+                r.failed_503 += usize::from(failure);
+                if status == 429 || status == 503 {
+                    drop(t);
+                    std::thread::sleep(BACKOFF);
+                    continue;
+                }
                 if status == 202 {
                     if let (Some(m), Ok(v)) =
                         (marker, serde_json::from_slice::<serde_json::Value>(&body))
@@ -493,7 +516,7 @@ fn report(title: &str, r: &RunResult) -> usize {
                 .sum::<usize>()
         };
         let other_5xx = count(&|s| s >= 500 && s != 503);
-        bad += other_5xx;
+        bad += other_5xx + data.failed_503;
         println!(
             "{:<30} {:>8} {:>7} {:>7} {:>7} {:>7} {:>9} {:>9.1} {:>9.1}",
             route,
@@ -514,6 +537,14 @@ fn report(title: &str, r: &RunResult) -> usize {
             .collect();
         if !others.is_empty() {
             println!("{:<30} other statuses: {}", "", others.join(", "));
+        }
+        if data.failed_503 > 0 {
+            println!(
+                "{:<30} 503 reporting a failure ({}): {}",
+                "",
+                FAILURE_503_CODES.join(", "),
+                data.failed_503
+            );
         }
     }
     let first = r.rss.first().map_or(f64::NAN, |r| r.0);

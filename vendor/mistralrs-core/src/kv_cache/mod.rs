@@ -443,9 +443,33 @@ impl<T: CacheManagerMixin + MetadataMixin + ?Sized> CacheManager<T> for NormalCa
                     }
                 }
             };
+            // docent: the batch takes the largest capacity among its sequences (the crate
+            // took the first's, and a sequence of the same length with another capacity,
+            // e.g. one prefilled from a preallocated cache beside one from a prefix-cache
+            // hit, failed to stack: a panic of the engine thread, seen on a GPU under load).
+            let mut cache_dim = None;
+            let mut cap: Option<usize> = None;
+            for seq in seqs.iter_mut() {
+                let src = if modify_draft_cache {
+                    seq.normal_draft_cache()
+                } else {
+                    seq.normal_cache()
+                };
+                if let Some(Some(KvCache::Normal { k, .. })) = src.get(layer) {
+                    cache_dim = Some(k.dim);
+                    if let Some(t) = &k.all_data {
+                        let c = t.dim(k.dim).unwrap_or(0);
+                        cap = Some(cap.map_or(c, |m| m.max(c)));
+                    }
+                }
+            }
             // Build dims for batched cache
             let mut dims_k = first_k.dims().to_vec();
             let mut dims_v = first_v.dims().to_vec();
+            if let (Some(d), Some(c)) = (cache_dim, cap) {
+                dims_k[d] = c;
+                dims_v[d] = c;
+            }
             dims_k[0] *= batch_len;
             dims_v[0] *= batch_len;
             let batch_k = Tensor::zeros(dims_k.clone(), first_k.dtype(), first_k.device()).unwrap();
@@ -470,6 +494,20 @@ impl<T: CacheManagerMixin + MetadataMixin + ?Sized> CacheManager<T> for NormalCa
                     KvCache::Shared { .. } => continue,
                 };
                 let offset = i * first_k.dims()[0];
+                // docent: a smaller capacity is padded to the batch's (zeros past its data)
+                let pad = |t: Tensor| -> Tensor {
+                    match (cache_dim, cap) {
+                        (Some(d), Some(c)) if t.dim(d).unwrap_or(c) < c => {
+                            let mut shape = t.dims().to_vec();
+                            shape[d] = c;
+                            let full = Tensor::zeros(shape, t.dtype(), t.device()).unwrap();
+                            full.slice_set(&t, d, 0).unwrap();
+                            full
+                        }
+                        _ => t,
+                    }
+                };
+                let (src_k, src_v) = (pad(src_k), pad(src_v));
                 batch_k.slice_set(&src_k, 0, offset).unwrap();
                 batch_v.slice_set(&src_v, 0, offset).unwrap();
             }
@@ -498,7 +536,11 @@ impl<T: CacheManagerMixin + MetadataMixin + ?Sized> CacheManager<T> for NormalCa
                     let template_cache_dim = old_k.dim;
                     let template_cache_csl = old_k.current_seq_len;
                     let template_cache_msl = old_k.max_seq_len;
-                    let template_cache_capsl = old_k.capacity_seq_len;
+                    // docent: the batch's capacity (the largest of its sequences')
+                    let template_cache_capsl = k_cache
+                        .as_ref()
+                        .and_then(|t| t.dim(template_cache_dim).ok())
+                        .unwrap_or(old_k.capacity_seq_len);
 
                     caches.push(KvCache::Normal {
                         k: SingleCache {
