@@ -19,7 +19,7 @@
 # CUDA 12 ones; cublasLt alone is ~0.5 GB, too big to travel with the check. 13.0 exactly,
 # because candle loads its kernels as PTX, and a driver JIT-compiles no PTX newer than
 # itself. CUDA_MAJOR=12 installs the -cu12 packages (12.9) for machines with CUDA 12
-# libraries (a driver >= 575).
+# libraries (a driver >= 575); that path is written but no build was made with it.
 set -euo pipefail
 
 CUDA_MAJOR="${CUDA_MAJOR:-13}"
