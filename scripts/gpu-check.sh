@@ -293,30 +293,24 @@ peer_step() {
         "$peer_python" -c 'import llama_cpp; print("llama-cpp-python", llama_cpp.__version__)'
         return
     fi
-    local whl
-    whl=$(ls "$payload"/llama_cpp_python-0.3.36-*.whl 2>/dev/null | head -1)
+    # the prebuilt peer (--prepare repacks the CUDA wheel), else the pinned sdist built here
+    local wheels=("$payload"/diskcache-*.whl)
     if [[ -f "$payload/llama_cpp_python-0.3.36-cuda.tar.xz" ]]; then
-        # the prebuilt peer (--prepare repacks the CUDA wheel)
         mkdir -p "$work/site"
         tar xJf "$payload/llama_cpp_python-0.3.36-cuda.tar.xz" -C "$work/site" || return 1
-        "$py" -m pip install -q --no-index --no-deps --no-compile --target "$work/site" \
-            "$payload"/diskcache-*.whl || return 1
-        PYTHONPATH="$work/site" "$py" -c 'import llama_cpp; print("llama-cpp-python", llama_cpp.__version__, "GPU offload:", llama_cpp.llama_supports_gpu_offload())'
-        return
-    fi
-    if [[ -z "$whl" ]]; then
-        # build the peer from the pinned sdist (CUDA, sm_90): the machine has nvcc and cmake
+    else
+        # CUDA, sm_90: the machine has nvcc and cmake
         local src="$payload/llama_cpp_python-0.3.36-trimmed.tar.xz"
-        [[ -f "$src" ]] || { echo "no peer wheel and no sdist in $payload"; return 1; }
+        [[ -f "$src" ]] || { echo "no peer and no sdist in $payload"; return 1; }
         tar xJf "$src" -C "$work"
         command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
         CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_NATIVE=OFF -DGGML_CUDA_NCCL=OFF -DLLAVA_BUILD=OFF" \
             CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$py" -m pip wheel --no-build-isolation --no-deps \
             -w "$work/wheel" "$work/llama_cpp_python-0.3.36" || return 1
-        whl=$(ls "$work"/wheel/llama_cpp_python-*.whl | head -1)
+        wheels+=("$work"/wheel/llama_cpp_python-*.whl)
     fi
     "$py" -m pip install -q --no-index --no-deps --no-compile --target "$work/site" \
-        "$whl" "$payload"/diskcache-*.whl || return 1
+        "${wheels[@]}" || return 1
     PYTHONPATH="$work/site" "$py" -c 'import llama_cpp; print("llama-cpp-python", llama_cpp.__version__, "GPU offload:", llama_cpp.llama_supports_gpu_offload())'
 }
 
