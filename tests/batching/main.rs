@@ -199,3 +199,248 @@ async fn f16_kv_cache_runs_on_the_f16_kernel() {
     c.kv_cache = "f32".into();
     drop(Generator::load(&c).await.expect("load stories260K"));
 }
+
+/// Qwen2.5-Coder-0.5B (the default model, a qwen2 GGUF) on the settings the other Qwen tests
+/// compare against: F32 activations and KV cache, no prefix cache, one sequence at a time.
+fn qwen() -> GenerationConfig {
+    let mut c = Config::default().generation;
+    c.model = helpers::default_model();
+    c.dtype = "f32".into();
+    c.kv_cache = "f32".into();
+    c.prefix_cache = false;
+    c.continuous_batching = false;
+    c.prefill_chunk_tokens = 0;
+    c
+}
+
+/// The Qwen fixture: three prompts (token ids cut from the Rust Book: about 20, 300 and 700
+/// tokens, so the decode, packed-prefill and multi-tile attention paths all run), docent's
+/// greedy ids for each, and llama.cpp's (scripts/bench_generate_peer.py on the same ids).
+#[derive(serde::Deserialize, serde::Serialize)]
+struct QwenFixture {
+    prompts: Vec<FixturePrompt>,
+    new_tokens: usize,
+    /// docent's greedy ids per prompt (written with DOCENT_BLESS=1)
+    docent: Vec<Vec<u32>>,
+    /// llama.cpp's greedy ids per prompt, an independent reference
+    #[serde(default)]
+    llama_cpp: Vec<Vec<u32>>,
+}
+
+#[derive(serde::Deserialize, serde::Serialize)]
+struct FixturePrompt {
+    name: String,
+    tokens: Vec<u32>,
+}
+
+fn qwen_fixture_path() -> std::path::PathBuf {
+    helpers::repo().join("tests/batching/qwen2.5-coder-0.5b.greedy.json")
+}
+
+fn qwen_fixture() -> QwenFixture {
+    let path = qwen_fixture_path();
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (DOCENT_BLESS=1 writes it)", path.display()));
+    serde_json::from_str(&text).expect("the Qwen fixture parses")
+}
+
+/// How many leading ids two greedy runs share.
+fn agree(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Qwen's greedy tokens on docent's engine: the ids recorded in the fixture exactly (any
+/// change to the qwen2 path that moves a token shows here), agreeing with llama.cpp's for at
+/// least the first 16 tokens of every prompt, with every matmul and attention on docent's
+/// kernels.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qwen_greedy_tokens_match_the_fixture_and_llama_cpp() {
+    let _turn = KNOBS.lock().await;
+    let bless = std::env::var_os("DOCENT_BLESS").is_some();
+    let generator = Generator::load(&qwen()).await.expect("load Qwen 0.5B");
+    let mut fixture = if bless {
+        let text = std::fs::read_to_string(
+            shared().join("data/corpus/rust-book/src/ch04-01-what-is-ownership.md"),
+        )
+        .expect("the ownership chapter");
+        let ids = generator.encode(&text);
+        QwenFixture {
+            prompts: [20, 300, 700]
+                .iter()
+                .map(|&n| FixturePrompt {
+                    name: n.to_string(),
+                    tokens: ids[..n].to_vec(),
+                })
+                .collect(),
+            new_tokens: 32,
+            docent: Vec::new(),
+            llama_cpp: Vec::new(),
+        }
+    } else {
+        qwen_fixture()
+    };
+    // Qwen2.5-0.5B: 24 layers, 7 matmuls each, plus the output
+    const LAYERS: u64 = 24;
+    let mut got = Vec::new();
+    for p in &fixture.prompts {
+        let (m0, a0) = cpu_kernels::calls();
+        let g = generator
+            .complete_tokens(p.tokens.clone(), fixture.new_tokens)
+            .await
+            .expect("generate");
+        let (m1, a1) = cpu_kernels::calls();
+        let ids = g.token_ids.expect("token ids");
+        let passes = ids.len() as u64;
+        assert!(
+            m1 - m0 >= passes * (LAYERS * 7 + 1) && a1 - a0 >= passes * LAYERS,
+            "prompt {}: {} matmuls and {} attentions on docent's kernels for {passes} passes",
+            p.name,
+            m1 - m0,
+            a1 - a0
+        );
+        got.push(ids);
+    }
+    if bless {
+        fixture.docent = got;
+        let path = qwen_fixture_path();
+        std::fs::write(&path, serde_json::to_string(&fixture).unwrap()).unwrap();
+        eprintln!("wrote {}", path.display());
+        return;
+    }
+    for (i, p) in fixture.prompts.iter().enumerate() {
+        assert_eq!(
+            got[i], fixture.docent[i],
+            "prompt {}: greedy ids moved from the recorded ones",
+            p.name
+        );
+    }
+    assert_eq!(
+        fixture.llama_cpp.len(),
+        fixture.prompts.len(),
+        "the fixture has llama.cpp's ids for every prompt"
+    );
+    for (i, p) in fixture.prompts.iter().enumerate() {
+        let same = agree(&got[i], &fixture.llama_cpp[i]);
+        eprintln!(
+            "prompt {}: {same} of {} tokens as llama.cpp",
+            p.name, fixture.new_tokens
+        );
+        assert!(
+            same >= 16,
+            "prompt {}: only the first {same} tokens equal llama.cpp's",
+            p.name
+        );
+    }
+}
+
+/// Qwen under the service's fast paths: the fixture's prompts asked at once decode together
+/// (continuous batching: far fewer matmul calls than one after the other), read in chunks of
+/// 64 tokens (chunked prefill), and after prefix-cache hits (the prompts are prefixes of each
+/// other), and each still gives exactly its recorded greedy tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qwen_batched_chunked_and_cached_give_the_recorded_tokens() {
+    let _turn = KNOBS.lock().await;
+    let fixture = qwen_fixture();
+    let n = fixture.new_tokens;
+
+    let mut c = qwen();
+    c.continuous_batching = true;
+    let generator = std::sync::Arc::new(Generator::load(&c).await.expect("load Qwen 0.5B"));
+    let (m0, _) = cpu_kernels::calls();
+    let tasks: Vec<_> = fixture
+        .prompts
+        .iter()
+        .map(|p| {
+            let (g, tokens) = (generator.clone(), p.tokens.clone());
+            tokio::spawn(async move { g.complete_tokens(tokens, n).await })
+        })
+        .collect();
+    let mut together = Vec::new();
+    for t in tasks {
+        together.push(t.await.unwrap().expect("generate").token_ids.expect("ids"));
+    }
+    let (m1, _) = cpu_kernels::calls();
+    for (i, p) in fixture.prompts.iter().enumerate() {
+        assert_eq!(
+            together[i], fixture.docent[i],
+            "prompt {}: batched tokens differ from its tokens alone",
+            p.name
+        );
+    }
+    // one after the other: a forward pass of 24×7+1 matmuls per token and prompt
+    let sequential: u64 = fixture
+        .docent
+        .iter()
+        .map(|ids| ids.len() as u64 * 169)
+        .sum();
+    assert!(
+        (m1 - m0) * 2 < sequential,
+        "matmul calls together {} vs {sequential} one after the other: not batched",
+        m1 - m0
+    );
+    drop(generator);
+
+    c.prefill_chunk_tokens = 64;
+    c.prefix_cache = true;
+    let generator = Generator::load(&c).await.expect("load Qwen 0.5B");
+    // longest first: the shorter prompts then hit the prefix cache
+    for (i, p) in fixture.prompts.iter().enumerate().rev() {
+        let (m0, _) = cpu_kernels::calls();
+        let g = generator
+            .complete_tokens(p.tokens.clone(), n)
+            .await
+            .expect("generate");
+        let (m1, _) = cpu_kernels::calls();
+        assert_eq!(
+            g.token_ids.as_ref(),
+            Some(&fixture.docent[i]),
+            "prompt {}: chunked or cached prefill changed the tokens",
+            p.name
+        );
+        if i + 1 == fixture.prompts.len() {
+            // 700 tokens in chunks of 64: 11 prefill passes, then n - 1 decode passes
+            let passes = (m1 - m0) / 169;
+            assert!(
+                passes >= (n as u64 - 1) + 11,
+                "{passes} forward passes for a 700-token prompt in chunks of 64"
+            );
+        }
+    }
+}
+
+/// Qwen with an F16 KV cache: attention runs on the F16 kernel, and the first tokens of every
+/// prompt stay the recorded F32 ones (F16 rounding of keys and values may move later ones).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qwen_f16_kv_cache_runs_on_the_f16_kernel() {
+    let _turn = KNOBS.lock().await;
+    let fixture = qwen_fixture();
+    let mut c = qwen();
+    c.kv_cache = "f16".into();
+    let generator = Generator::load(&c).await.expect("load Qwen 0.5B");
+    for (i, p) in fixture.prompts.iter().enumerate() {
+        let before = cpu_kernels::f16_attentions();
+        let g = generator
+            .complete_tokens(p.tokens.clone(), fixture.new_tokens)
+            .await
+            .expect("generate");
+        let ids = g.token_ids.expect("token ids");
+        let f16 = cpu_kernels::f16_attentions() - before;
+        assert!(
+            f16 >= 24 * ids.len() as u64,
+            "prompt {}: {f16} attentions over F16 keys and values",
+            p.name
+        );
+        let same = agree(&ids, &fixture.docent[i]);
+        eprintln!(
+            "F16 KV cache, prompt {}: the first {same} tokens equal the F32 ones",
+            p.name
+        );
+        assert!(
+            same >= 8,
+            "prompt {}: F16 departs after {same} tokens",
+            p.name
+        );
+    }
+    c.kv_cache = "f32".into();
+    drop(Generator::load(&c).await.expect("load Qwen 0.5B"));
+}

@@ -135,6 +135,9 @@ struct LayerWeights {
     paged_attn: Option<PagedAttention>,
     sdpa_params: SdpaParams,
     dtype: DType,
+    /// docent: RoPE runs in F32 and q/k/v are cast to `dtype` after it (qwen2's numerics);
+    /// otherwise they are cast before it (llama's).
+    rope_f32: bool,
 }
 
 impl LayerWeights {
@@ -149,15 +152,17 @@ impl LayerWeights {
     ) -> Result<Tensor> {
         let (b_sz, seq_len, _) = x.dims3()?;
 
+        // docent: the cast to `dtype` comes before RoPE, or after it with `rope_f32`.
+        let early = if self.rope_f32 { x.dtype() } else { self.dtype };
         let q = MatMul
             .qmethod_matmul(x, &*self.attention_wq)?
-            .to_dtype(self.dtype)?;
+            .to_dtype(early)?;
         let k = MatMul
             .qmethod_matmul(x, &*self.attention_wk)?
-            .to_dtype(self.dtype)?;
+            .to_dtype(early)?;
         let v = MatMul
             .qmethod_matmul(x, &*self.attention_wv)?
-            .to_dtype(self.dtype)?;
+            .to_dtype(early)?;
 
         let (q, k, v) = if seq_len != 1 {
             let q = q
@@ -178,6 +183,15 @@ impl LayerWeights {
         };
 
         let (q, k) = self.rotary.forward(&q, &k, start_offsets)?;
+        let (q, k, v) = if self.rope_f32 {
+            (
+                q.to_dtype(self.dtype)?,
+                k.to_dtype(self.dtype)?,
+                v.to_dtype(self.dtype)?,
+            )
+        } else {
+            (q, k, v)
+        };
 
         let y = match (&self.paged_attn, seq_caches) {
             (Some(paged_attn), _) => {
@@ -319,6 +333,7 @@ impl ModelConfig::FromGGML for ModelWeights {
                     sinks: None,
                 },
                 dtype,
+                rope_f32: false,
             })
         }
         Ok(Self {
@@ -345,6 +360,60 @@ impl ModelConfig::FromGGML for ModelWeights {
 // llama `llm` fields:
 // https://github.com/ggerganov/ggml/blob/master/docs/gguf.md#llm
 // NOTE: Types here do not match spec
+/// docent: what differs between the GGUF architectures this decoder runs (llama, mistral3,
+/// qwen2), so that every fast path written for it (docent's ragged decode batches, chunked
+/// prefill) serves them all without a copy per architecture.
+#[derive(Debug, Clone, Copy)]
+struct DecoderArch {
+    /// metadata and tensor-name prefix
+    prefix: &'static str,
+    /// rotate-half RoPE (qwen2); llama GGUFs are permuted for the interleaved form
+    rope_neox: bool,
+    /// RoPE tables and rotation in F32, q/k/v cast to the model dtype after it (qwen2)
+    rope_f32: bool,
+}
+
+impl DecoderArch {
+    fn from_gguf(arch: &str) -> Self {
+        match arch {
+            "qwen2" => Self {
+                prefix: "qwen2",
+                rope_neox: true,
+                rope_f32: true,
+            },
+            "mistral3" => Self {
+                prefix: "mistral3",
+                rope_neox: false,
+                rope_f32: false,
+            },
+            _ => Self {
+                prefix: "llama",
+                rope_neox: false,
+                rope_f32: false,
+            },
+        }
+    }
+}
+
+/// docent: a GGUF linear layer, `{name}.weight` plus `{name}.bias` where the file has one
+/// (qwen2's q/k/v), dequantized; the bias is added by `GgufMatMul` after the matmul.
+fn gguf_linear<R: std::io::Seek + std::io::Read>(
+    ct: &mut Content<'_, R>,
+    name: &str,
+    device: &Device,
+) -> Result<Arc<dyn QuantMethod>> {
+    let weight = ct.tensor(&format!("{name}.weight"), device)?;
+    let bias = if ct.has_tensor(&format!("{name}.bias")) {
+        Some(ct.tensor(&format!("{name}.bias"), device)?.dequantize(device)?)
+    } else {
+        None
+    };
+    Ok(Arc::new(GgufMatMul::new(QuantMethodConfig::Gguf {
+        q_weight: Arc::new(weight),
+        b: bias,
+    })?))
+}
+
 pub(crate) struct PropsGGUF {
     pub n_expert: usize,
     pub n_expert_used: usize,
@@ -364,20 +433,26 @@ impl TryFrom<ContentMetadata<'_>> for PropsGGUF {
     type Error = anyhow::Error;
 
     fn try_from(c: ContentMetadata) -> std::result::Result<Self, Self::Error> {
-        c.verify_arch_any(&["llama", "mistral3"])?;
+        // docent: qwen2 GGUFs run on this decoder too (DecoderArch).
+        c.verify_arch_any(&["llama", "mistral3", "qwen2"])?;
 
+        // docent: rope.dimension_count is optional (qwen2 files lack it): head_dim then.
         let required = [
             "attention.head_count",
             "attention.head_count_kv",
             "block_count",
             "embedding_length",
-            "rope.dimension_count",
             "attention.layer_norm_rms_epsilon",
         ];
         c.has_required_keys(&required)?;
 
         let embed_len = c.get_value::<u32>("embedding_length")? as usize;
         let head_count = c.get_value::<u32>("attention.head_count")? as usize;
+        let key_length = c
+            .get_value::<u32>("attention.key_length")
+            .ok()
+            .map(|x| x as usize)
+            .unwrap_or(embed_len / head_count);
 
         // NOTE: Values are not aligned with GGUFv3 types
         // TODO: Normalize value types to spec
@@ -388,7 +463,11 @@ impl TryFrom<ContentMetadata<'_>> for PropsGGUF {
             head_count_kv: c.get_value::<u32>("attention.head_count_kv")? as usize,
             block_count: c.get_value::<u32>("block_count")? as usize,
             embedding_length: embed_len,
-            rope_dim: c.get_value::<u32>("rope.dimension_count")? as usize,
+            rope_dim: c
+                .get_value::<u32>("rope.dimension_count")
+                .ok()
+                .map(|x| x as usize)
+                .unwrap_or(key_length),
             // Strangely this value is generally 1e-6 in GGUF file but used to be 1e-5 by default.
             rms_norm_eps: c.get_value("attention.layer_norm_rms_epsilon")?,
             max_seq_len: c
@@ -396,11 +475,7 @@ impl TryFrom<ContentMetadata<'_>> for PropsGGUF {
                 .ok()
                 .unwrap_or(DEFAULT_MAX_SEQ_LEN as u64) as usize,
             rope_freq_base: c.get_value("rope.freq_base").ok().unwrap_or(10_000_f32),
-            key_length: c
-                .get_value::<u32>("attention.key_length")
-                .ok()
-                .map(|x| x as usize)
-                .unwrap_or(embed_len / head_count),
+            key_length,
             value_length: c
                 .get_value::<u32>("attention.value_length")
                 .ok()
@@ -426,11 +501,8 @@ impl ModelConfig::FromGGUF for ModelWeights {
             .get("general.architecture")
             .and_then(|v| v.to_string().ok().cloned())
             .unwrap_or_else(|| "llama".to_string());
-        let path_prefix = if actual_arch == "mistral3" {
-            "mistral3"
-        } else {
-            "llama"
-        };
+        let arch = DecoderArch::from_gguf(&actual_arch);
+        let path_prefix = arch.prefix;
 
         let metadata = ContentMetadata {
             path_prefix,
@@ -478,8 +550,8 @@ impl ModelConfig::FromGGUF for ModelWeights {
                     rope_dim,
                     max_seq_len,
                     device,
-                    false,
-                    dtype,
+                    arch.rope_neox,
+                    if arch.rope_f32 { DType::F32 } else { dtype },
                 )?),
             );
         }
@@ -496,10 +568,10 @@ impl ModelConfig::FromGGUF for ModelWeights {
                 .expect("No RoPE for device location!")
                 .clone();
 
-            let attention_wq = ct.tensor(&format!("{prefix}.attn_q.weight"), device)?;
-            let attention_wk = ct.tensor(&format!("{prefix}.attn_k.weight"), device)?;
-            let attention_wv = ct.tensor(&format!("{prefix}.attn_v.weight"), device)?;
-            let attention_wo = ct.tensor(&format!("{prefix}.attn_output.weight"), device)?;
+            let attention_wq = gguf_linear(&mut ct, &format!("{prefix}.attn_q"), device)?;
+            let attention_wk = gguf_linear(&mut ct, &format!("{prefix}.attn_k"), device)?;
+            let attention_wv = gguf_linear(&mut ct, &format!("{prefix}.attn_v"), device)?;
+            let attention_wo = gguf_linear(&mut ct, &format!("{prefix}.attn_output"), device)?;
             let mlp_or_moe = if n_expert <= 1 {
                 let feed_forward_w1 = ct.tensor(&format!("{prefix}.ffn_gate.weight"), device)?;
                 let feed_forward_w2 = ct.tensor(&format!("{prefix}.ffn_down.weight"), device)?;
@@ -622,22 +694,10 @@ impl ModelConfig::FromGGUF for ModelWeights {
                 }
             };
             layers.push(LayerWeights {
-                attention_wq: Arc::new(GgufMatMul::new(QuantMethodConfig::Gguf {
-                    q_weight: Arc::new(attention_wq),
-                    b: None,
-                })?),
-                attention_wk: Arc::new(GgufMatMul::new(QuantMethodConfig::Gguf {
-                    q_weight: Arc::new(attention_wk),
-                    b: None,
-                })?),
-                attention_wv: Arc::new(GgufMatMul::new(QuantMethodConfig::Gguf {
-                    q_weight: Arc::new(attention_wv),
-                    b: None,
-                })?),
-                attention_wo: Arc::new(GgufMatMul::new(QuantMethodConfig::Gguf {
-                    q_weight: Arc::new(attention_wo),
-                    b: None,
-                })?),
+                attention_wq,
+                attention_wk,
+                attention_wv,
+                attention_wo,
                 attention_norm: QRmsNorm::new(attention_norm, rms_norm_eps)?,
                 mlp_or_moe,
                 ffn_norm: QRmsNorm::new(ffn_norm, rms_norm_eps)?,
@@ -654,6 +714,7 @@ impl ModelConfig::FromGGUF for ModelWeights {
                     sinks: None,
                 },
                 dtype,
+                rope_f32: arch.rope_f32,
             })
         }
         Ok(Self {

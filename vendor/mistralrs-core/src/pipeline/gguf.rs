@@ -40,7 +40,6 @@ use crate::{
     models::quantized_llama::ModelWeights as QLlama,
     models::quantized_phi2::ModelWeights as QPhi,
     models::quantized_phi3::ModelWeights as QPhi3,
-    models::quantized_qwen::ModelWeights as QQwen,
     models::quantized_qwen3::ModelWeights as QQwen3,
     models::quantized_qwen3_moe::ModelWeights as QQwen3MoE,
     models::quantized_starcoder2::ModelWeights as QStarcoder2,
@@ -69,7 +68,6 @@ enum Model {
     XLoraPhi3(XLoraQPhi3),
     Phi3(QPhi3),
     Starcoder2(QStarcoder2),
-    Qwen(QQwen),
     Qwen3(QQwen3),
     Qwen3MoE(QQwen3MoE),
 }
@@ -480,7 +478,9 @@ impl Loader for GGUFLoader {
                 GGUFArchitecture::Starcoder2 => {
                     Model::Starcoder2(QStarcoder2::try_from(model_config)?)
                 }
-                GGUFArchitecture::Qwen2 => Model::Qwen(QQwen::try_from(model_config)?),
+                // docent: qwen2 runs on the llama decoder (DecoderArch in quantized_llama.rs),
+                // so it gets every fast path written there.
+                GGUFArchitecture::Qwen2 => Model::Llama(QLlama::try_from(model_config)?),
                 GGUFArchitecture::Qwen3 => Model::Qwen3(QQwen3::try_from(model_config)?),
                 GGUFArchitecture::Qwen3MoE => Model::Qwen3MoE(QQwen3MoE::try_from(model_config)?),
                 a => bail!("Unsupported architecture `{a:?}` for GGUF"),
@@ -546,7 +546,6 @@ impl Loader for GGUFLoader {
             Model::Phi3(ref p) => p.max_seq_len,
             Model::XLoraPhi3(ref p) => p.max_seq_len,
             Model::Starcoder2(ref p) => p.max_seq_len,
-            Model::Qwen(ref p) => p.max_seq_len,
             Model::Qwen3(ref p) => p.max_seq_len,
             Model::Qwen3MoE(ref p) => p.max_seq_len,
         };
@@ -558,7 +557,6 @@ impl Loader for GGUFLoader {
             Model::Phi3(ref model) => model.cache.normal().0.len(),
             Model::XLoraPhi3(ref model) => model.cache.full().lock().len(),
             Model::Starcoder2(ref model) => model.cache.normal().0.len(),
-            Model::Qwen(ref model) => model.cache.normal().0.len(),
             Model::Qwen3(ref model) => model.cache.normal().0.len(),
             Model::Qwen3MoE(ref model) => model.cache.normal().0.len(),
         };
@@ -723,7 +721,6 @@ impl CacheManagerMixin for GGUFPipeline {
             Model::Phi3(ref model) => &model.cache,
             Model::XLoraPhi3(ref model) => &model.cache,
             Model::Starcoder2(ref model) => &model.cache,
-            Model::Qwen(ref model) => &model.cache,
             Model::Qwen3(ref model) => &model.cache,
             Model::Qwen3MoE(ref model) => &model.cache,
         }
@@ -739,7 +736,6 @@ impl MetadataMixin for GGUFPipeline {
             Model::Phi3(ref model) => model.device.clone(),
             Model::XLoraPhi3(ref model) => model.device.clone(),
             Model::Starcoder2(ref model) => model.device.clone(),
-            Model::Qwen(ref model) => model.device.clone(),
             Model::Qwen3(ref model) => model.device.clone(),
             Model::Qwen3MoE(ref model) => model.device.clone(),
         }
@@ -840,9 +836,6 @@ impl Pipeline for GGUFPipeline {
                 )?,
                 Model::Starcoder2(ref model) => {
                     model.forward(&input_ids, &seqlen_offsets, paged_attn_meta)?
-                }
-                Model::Qwen(ref model) => {
-                    model.forward(&input_ids, &seqlen_offsets, context_lens, paged_attn_meta)?
                 }
                 Model::Qwen3(ref model) => {
                     model.forward(&input_ids, &seqlen_offsets, context_lens, paged_attn_meta)?
