@@ -215,16 +215,27 @@ fn qwen() -> GenerationConfig {
 
 /// The Qwen fixture: three prompts (token ids cut from the Rust Book: about 20, 300 and 700
 /// tokens, so the decode, packed-prefill and multi-tile attention paths all run), docent's
-/// greedy ids for each, and llama.cpp's (scripts/bench_generate_peer.py on the same ids).
+/// greedy ids for each, and llama.cpp's scores of those ids (scripts/llama_score.py).
 #[derive(serde::Deserialize, serde::Serialize)]
 struct QwenFixture {
     prompts: Vec<FixturePrompt>,
     new_tokens: usize,
     /// docent's greedy ids per prompt (written with DOCENT_BLESS=1)
     docent: Vec<Vec<u32>>,
-    /// llama.cpp's greedy ids per prompt, an independent reference
+    /// llama.cpp's logits on docent's ids, an independent reference
     #[serde(default)]
-    llama_cpp: Vec<Vec<u32>>,
+    llama_cpp: Option<LlamaScores>,
+}
+
+/// Written by scripts/llama_score.py: llama.cpp reads each prompt plus docent's tokens before
+/// position t (teacher-forced, F32 KV cache) and gives its logits there.
+#[derive(serde::Deserialize, serde::Serialize)]
+struct LlamaScores {
+    engine: String,
+    /// the ids scored (docent's at the time of scoring)
+    scored: Vec<Vec<u32>>,
+    /// per prompt and token: llama.cpp's best logit minus the logit of docent's token
+    gaps: Vec<Vec<f32>>,
 }
 
 #[derive(serde::Deserialize, serde::Serialize)]
@@ -250,9 +261,10 @@ fn agree(a: &[u32], b: &[u32]) -> usize {
 }
 
 /// Qwen's greedy tokens on docent's engine: the ids recorded in the fixture exactly (any
-/// change to the qwen2 path that moves a token shows here), agreeing with llama.cpp's for at
-/// least the first 16 tokens of every prompt, with every matmul and attention on docent's
-/// kernels.
+/// change to the qwen2 path that moves a token shows here), with every matmul and attention on
+/// docent's kernels; and those ids are llama.cpp's choice too, up to near-ties: on docent's
+/// prefix, llama.cpp puts each of docent's tokens within 0.25 of its best logit (a wrong
+/// token is typically several logits behind), and at least 3 in 4 are its argmax.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qwen_greedy_tokens_match_the_fixture_and_llama_cpp() {
     let _turn = KNOBS.lock().await;
@@ -274,7 +286,7 @@ async fn qwen_greedy_tokens_match_the_fixture_and_llama_cpp() {
                 .collect(),
             new_tokens: 32,
             docent: Vec::new(),
-            llama_cpp: Vec::new(),
+            llama_cpp: None,
         }
     } else {
         qwen_fixture()
@@ -314,21 +326,30 @@ async fn qwen_greedy_tokens_match_the_fixture_and_llama_cpp() {
             p.name
         );
     }
+    let llama = fixture
+        .llama_cpp
+        .as_ref()
+        .expect("the fixture has llama.cpp's scores (scripts/llama_score.py --fixture … --write)");
     assert_eq!(
-        fixture.llama_cpp.len(),
-        fixture.prompts.len(),
-        "the fixture has llama.cpp's ids for every prompt"
+        llama.scored, fixture.docent,
+        "llama.cpp scored other ids than the recorded ones: score the fixture again"
     );
     for (i, p) in fixture.prompts.iter().enumerate() {
-        let same = agree(&got[i], &fixture.llama_cpp[i]);
+        let gaps = &llama.gaps[i];
+        assert_eq!(gaps.len(), got[i].len());
+        let argmax = gaps.iter().filter(|&&g| g == 0.0).count();
+        let worst = gaps.iter().cloned().fold(0f32, f32::max);
         eprintln!(
-            "prompt {}: {same} of {} tokens as llama.cpp",
-            p.name, fixture.new_tokens
+            "prompt {}: {argmax} of {} tokens are {}'s argmax, largest gap {worst:.4}",
+            p.name,
+            gaps.len(),
+            llama.engine
         );
         assert!(
-            same >= 16,
-            "prompt {}: only the first {same} tokens equal llama.cpp's",
-            p.name
+            worst <= 0.25 && argmax * 4 >= gaps.len() * 3,
+            "prompt {}: llama.cpp disagrees (largest gap {worst}, argmax {argmax} of {})",
+            p.name,
+            gaps.len()
         );
     }
 }

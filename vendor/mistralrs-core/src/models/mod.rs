@@ -17,6 +17,8 @@ pub(crate) mod phi3_5_moe;
 pub(crate) mod quantized_llama;
 pub(crate) mod quantized_phi2;
 pub(crate) mod quantized_phi3;
+// docent: qwen2 GGUFs run on quantized_llama.rs (DecoderArch); this model is kept, unused.
+#[allow(dead_code)]
 pub(crate) mod quantized_qwen;
 pub(crate) mod quantized_qwen3;
 pub(crate) mod quantized_qwen3_moe;
