@@ -15,7 +15,8 @@ Input (--fixture): {"prompts": [{"name", "tokens"}], "docent": [[ids], ...], ...
 Output: the fixture with "llama_cpp" set to
   {"engine": "llama.cpp (llama-cpp-python 0.3.36)", "kv_cache": "f32",
    "scored": [[ids], ...]  (the ids scored: the fixture's docent ids at the time),
-   "gaps": [[float per token], ...], "argmax": [[id per token], ...]}
+   "gaps": [[float per token], ...], "argmax": [[id per token], ...],
+   "margins": [[llama.cpp's best logit minus its second best, per token], ...]}
 written back to the same file (--write) or to stdout.
 
 Usage: models/.venv-llama/bin/python scripts/llama_score.py --model FILE.gguf --fixture F.json [--write]
@@ -59,7 +60,7 @@ def main() -> None:
         type_v=0,
         verbose=False,
     )
-    gaps, argmax = [], []
+    gaps, argmax, margins = [], [], []
     for p, ids in zip(prompts, docent):
         llm.reset()
         seq = list(p["tokens"]) + list(ids[:-1])
@@ -70,6 +71,8 @@ def main() -> None:
         chosen = logits[np.arange(len(ids)), ids]
         g = (best - chosen).tolist()
         gaps.append([round(x, 4) for x in g])
+        top2 = np.sort(logits, axis=1)[:, -2:]
+        margins.append([round(float(x), 4) for x in top2[:, 1] - top2[:, 0]])
         argmax.append([int(x) for x in logits.argmax(axis=1)])
         print(
             f"llama_score: prompt {p['name']}: {sum(1 for x in g if x == 0)} of {len(ids)} "
@@ -82,6 +85,7 @@ def main() -> None:
         "scored": docent,
         "gaps": gaps,
         "argmax": argmax,
+        "margins": margins,
     }
     out = json.dumps(fx)
     if a.write:

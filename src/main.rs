@@ -297,8 +297,8 @@ enum Bench {
         /// Skip the load-time table.
         #[arg(long)]
         no_load: bool,
-        /// Concurrent clients for the throughput table (empty: skip).
-        #[arg(long, default_value = "1,4,16", value_delimiter = ',')]
+        /// Concurrent clients for the throughput table (`--clients` with no value: skip).
+        #[arg(long, default_value = "1,4,16", value_delimiter = ',', num_args = 0..)]
         clients: Vec<usize>,
         /// Distinct prompts for the memory check (0: skip).
         #[arg(long, default_value_t = 1000)]

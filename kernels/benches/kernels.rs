@@ -1,7 +1,10 @@
-//! Kernel timings on SmolLM2-135M's shapes: `cargo bench -p docent-kernels`.
+//! Kernel timings on a model's layer shapes: `cargo bench -p docent-kernels [-- MODEL]`, MODEL
+//! one of `smollm2` (SmolLM2-135M, the default), `qwen0.5b`, `qwen1.5b` (Qwen2.5 0.5B / 1.5B).
 //!
 //! For each weight format: decode (one activation row, a gemv: GB/s of weights read) and
-//! prefill (600 rows: GFLOP/s), on the run-time instruction set and on the scalar one.
+//! prefill (600 rows: GFLOP/s), on the run-time instruction set and on the scalar one
+//! (`DOCENT_BENCH_NO_SCALAR=1` skips the scalar columns). A second argument keeps one format:
+//! `cargo bench -p docent-kernels -- qwen1.5b Q4_K`.
 
 use std::time::Instant;
 
@@ -59,12 +62,28 @@ fn main() {
         isa.name(),
         rayon::current_num_threads()
     );
-    // (rows, cols): attention q/o, k/v, ffn gate/up, ffn down; the 49152-row output is timed apart.
-    let shapes = [(576, 576), (192, 576), (1536, 576), (576, 1536)];
+    // (rows, cols): attention q/o, k/v, ffn gate/up, ffn down (the output layer is left out).
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let model = args.first().cloned().unwrap_or_else(|| "smollm2".into());
+    // an optional second argument keeps one format (e.g. Q4_K)
+    let only = args.get(1).cloned();
+    let shapes: [(usize, usize); 4] = match model.as_str() {
+        "qwen0.5b" => [(896, 896), (128, 896), (4864, 896), (896, 4864)],
+        "qwen1.5b" => [(1536, 1536), (256, 1536), (8960, 1536), (1536, 8960)],
+        _ => [(576, 576), (192, 576), (1536, 576), (576, 1536)],
+    };
+    let scalar = std::env::var_os("DOCENT_BENCH_NO_SCALAR").is_none();
+    println!("shapes of {model}: {shapes:?}");
     let mut seed = 0x1234_5678_9abc_def0u64;
     println!("| format | decode GB/s ({}) | decode GB/s (scalar) | prefill 600 GFLOP/s ({}) | prefill GFLOP/s (scalar) |", isa.name(), isa.name());
     println!("|---|---|---|---|---|");
     for format in Format::ALL {
+        if only.as_deref().is_some_and(|o| o != format.name()) {
+            continue;
+        }
         let cols_ok = |c: usize| c.is_multiple_of(format.block_elems());
         let shapes: Vec<_> = shapes
             .iter()
@@ -73,6 +92,10 @@ fn main() {
             .collect();
         let mut cells = Vec::new();
         for (m, level) in [(1, isa), (1, Isa::Scalar), (600, isa), (600, Isa::Scalar)] {
+            if shapes.is_empty() || (level == Isa::Scalar && !scalar) {
+                cells.push("–".into());
+                continue;
+            }
             let mut bytes = 0usize;
             let mut flops = 0usize;
             let mut secs = 0f64;

@@ -210,6 +210,34 @@ pub fn matmul_with(isa: Isa, w: &WeightView<'_>, x: &[f32], m: usize) -> Option<
         let run = |chunk: usize| {
             let j0 = chunk * per_task;
             let j1 = (j0 + per_task).min(rows);
+            #[cfg(target_arch = "x86_64")]
+            if m == 1 && avx2::gemv_handles(isa, format) {
+                // SAFETY: AVX2/FMA/F16C are present (isa was capped at what the processor
+                // has, and gemv_handles checks the level); rows j0..j1 lie inside the
+                // weights, and their outputs are columns j0..j1 of the one output row, which
+                // no other task writes.
+                unsafe {
+                    let out = std::slice::from_raw_parts_mut(out_ptr.at(j0), j1 - j0);
+                    avx2::gemv_q32(format, &w.data[j0 * rb..j1 * rb], rb, cols, act(0), out);
+                }
+                return;
+            }
+            #[cfg(target_arch = "x86_64")]
+            if m > 1 && avx2::gemv_handles(isa, format) {
+                // SAFETY: as above; the tile writes rows 0..m of columns j0..j1 only.
+                unsafe {
+                    avx2::gemm_q32(
+                        format,
+                        &w.data[j0 * rb..j1 * rb],
+                        rb,
+                        cols,
+                        m,
+                        &act,
+                        |i, j, v| *out_ptr.at(i * rows + j0 + j) = v,
+                    )
+                };
+                return;
+            }
             let mut i = 0;
             while i < m {
                 let n = (m - i).min(R);
@@ -440,7 +468,7 @@ mod scalar {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{Act, Format, Isa};
+    use super::{Act, Format, Isa, R_AVX2};
 
     #[inline(always)]
     unsafe fn hsum(v: __m256) -> f32 {
@@ -561,9 +589,11 @@ mod avx2 {
                     format == Format::F16,
                 )
             }
-            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0 => {
-                dot_q32(format, w, cols, acts, out)
-            }
+            // one instantiation per format: no format test inside the block loop
+            Format::Q8_0 => dot_q32::<R, Q8_0>(w, cols, acts, out),
+            Format::Q4_0 => dot_q32::<R, Q4_0>(w, cols, acts, out),
+            Format::Q4_1 => dot_q32::<R, Q4_1>(w, cols, acts, out),
+            Format::Q5_0 => dot_q32::<R, Q5_0>(w, cols, acts, out),
             Format::Q4K => dot_q4k(w, cols, acts, out),
             Format::Q6K => dot_q6k(w, cols, acts, out),
         }
@@ -618,10 +648,273 @@ mod avx2 {
         }
     }
 
-    /// The 32-element formats against R rows of 8-bit activations.
-    #[inline(always)]
-    unsafe fn dot_q32<const R: usize>(
+    /// Whether [`gemv_q32`] takes this format at this instruction-set level (AVX-512
+    /// machines keep their own kernels for the formats those handle).
+    pub(super) fn gemv_handles(isa: Isa, format: Format) -> bool {
+        isa >= Isa::Avx2
+            && isa < Isa::Avx512
+            && matches!(
+                format,
+                Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0
+            )
+    }
+
+    /// Decode (one activation row): the weight rows of `w` (`rb` bytes each) against one row of
+    /// 8-bit activations into `out`, [`GEMV_ROWS`] weight rows at a time, so that each block
+    /// of activations and its scale is loaded once for all of them.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn gemv_q32(
         format: Format,
+        w: &[u8],
+        rb: usize,
+        cols: usize,
+        act: Act<'_>,
+        out: &mut [f32],
+    ) {
+        match format {
+            Format::Q8_0 => gemv_q32_as::<Q8_0>(w, rb, cols, act, out),
+            Format::Q4_0 => gemv_q32_as::<Q4_0>(w, rb, cols, act, out),
+            Format::Q4_1 => gemv_q32_as::<Q4_1>(w, rb, cols, act, out),
+            _ => gemv_q32_as::<Q5_0>(w, rb, cols, act, out),
+        }
+    }
+
+    /// Prefill: the weight rows of `w` against `m` activation rows (`act(i)`), in tiles of
+    /// 2 weight rows × [`R_AVX2`] activation rows: each unpacked weight block serves four
+    /// activation rows, each activation block two weight rows. `put(i, j, v)` stores the
+    /// output of activation row i and weight row j (of `w`).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn gemm_q32<'a>(
+        format: Format,
+        w: &[u8],
+        rb: usize,
+        cols: usize,
+        m: usize,
+        act: &impl Fn(usize) -> Act<'a>,
+        put: impl FnMut(usize, usize, f32),
+    ) {
+        match format {
+            Format::Q8_0 => gemm_q32_as::<Q8_0>(w, rb, cols, m, act, put),
+            Format::Q4_0 => gemm_q32_as::<Q4_0>(w, rb, cols, m, act, put),
+            Format::Q4_1 => gemm_q32_as::<Q4_1>(w, rb, cols, m, act, put),
+            _ => gemm_q32_as::<Q5_0>(w, rb, cols, m, act, put),
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn gemm_q32_as<'a, const F: u8>(
+        w: &[u8],
+        rb: usize,
+        cols: usize,
+        m: usize,
+        act: &impl Fn(usize) -> Act<'a>,
+        mut put: impl FnMut(usize, usize, f32),
+    ) {
+        let rows = w.len() / rb;
+        let mut i = 0;
+        while i < m {
+            let n = (m - i).min(R_AVX2);
+            let acts: [Act<'a>; R_AVX2] = std::array::from_fn(|r| act(i + r.min(n - 1)));
+            let mut j = 0;
+            while j < rows {
+                let wr = (rows - j).min(2);
+                let mut res = [[0f32; R_AVX2]; 2];
+                if wr == 2 {
+                    tile_q32::<2, F>(w.as_ptr().add(j * rb), rb, cols, &acts, &mut res);
+                } else {
+                    let mut one = [[0f32; R_AVX2]; 1];
+                    tile_q32::<1, F>(w.as_ptr().add(j * rb), rb, cols, &acts, &mut one);
+                    res[0] = one[0];
+                }
+                for (k, row) in res.iter().enumerate().take(wr) {
+                    for (r, &v) in row.iter().enumerate().take(n) {
+                        put(i + r, j + k, v);
+                    }
+                }
+                j += wr;
+            }
+            i += n;
+        }
+    }
+
+    /// `W` weight rows (`rb` bytes apart) against [`R_AVX2`] activation rows.
+    #[inline(always)]
+    unsafe fn tile_q32<const W: usize, const F: u8>(
+        w: *const u8,
+        rb: usize,
+        cols: usize,
+        acts: &[Act<'_>; R_AVX2],
+        out: &mut [[f32; R_AVX2]; W],
+    ) {
+        const A: usize = R_AVX2;
+        let mut qs = [std::ptr::null::<i8>(); A];
+        let mut ds = [std::ptr::null::<f32>(); A];
+        let mut ss = [std::ptr::null::<f32>(); A];
+        for r in 0..A {
+            let (q, d, s, _) = acts[r].q8();
+            qs[r] = q.as_ptr();
+            ds[r] = d.as_ptr();
+            ss[r] = s.as_ptr();
+        }
+        let bb = match F {
+            Q8_0 => Format::Q8_0,
+            Q4_0 => Format::Q4_0,
+            Q4_1 => Format::Q4_1,
+            _ => Format::Q5_0,
+        }
+        .block_bytes();
+        let nb = cols / 32;
+        let mut acc = [[_mm256_setzero_ps(); A]; W];
+        let mut off = [[0f32; A]; W];
+        for b in 0..nb {
+            // unpack the W weight blocks once
+            let mut u = [_mm256_setzero_si256(); W];
+            let mut sgn = [_mm256_setzero_si256(); W];
+            let mut dw = [0f32; W];
+            let mut o = [0f32; W];
+            for k in 0..W {
+                let blk = w.add(k * rb + b * bb);
+                dw[k] = f16(blk);
+                match F {
+                    Q8_0 => {
+                        let q = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+                        u[k] = _mm256_sign_epi8(q, q);
+                        sgn[k] = q;
+                    }
+                    Q4_0 => {
+                        u[k] = nibbles(blk.add(2));
+                        o[k] = -8.0 * dw[k];
+                    }
+                    Q4_1 => {
+                        u[k] = nibbles(blk.add(4));
+                        o[k] = f16(blk.add(2));
+                    }
+                    _ => {
+                        let qh = (blk.add(2) as *const u32).read_unaligned();
+                        let hb = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+                        u[k] = _mm256_or_si256(nibbles(blk.add(6)), hb);
+                        o[k] = -16.0 * dw[k];
+                    }
+                }
+            }
+            for r in 0..A {
+                let y = _mm256_loadu_si256(qs[r].add(32 * b) as *const __m256i);
+                let dy = *ds[r].add(b);
+                let sy = *ss[r].add(b);
+                for k in 0..W {
+                    let p = if F == Q8_0 {
+                        dot_ss(u[k], sgn[k], y)
+                    } else {
+                        off[k][r] += o[k] * sy;
+                        dot_us(u[k], y)
+                    };
+                    acc[k][r] = _mm256_fmadd_ps(
+                        _mm256_set1_ps(dw[k] * dy),
+                        _mm256_cvtepi32_ps(p),
+                        acc[k][r],
+                    );
+                }
+            }
+        }
+        for k in 0..W {
+            for r in 0..A {
+                out[k][r] = hsum(acc[k][r]) + off[k][r];
+            }
+        }
+    }
+
+    /// Weight rows per step of [`gemv_q32`].
+    const GEMV_ROWS: usize = 4;
+
+    #[inline(always)]
+    unsafe fn gemv_q32_as<const F: u8>(
+        w: &[u8],
+        rb: usize,
+        cols: usize,
+        act: Act<'_>,
+        out: &mut [f32],
+    ) {
+        let rows = out.len();
+        let mut j = 0;
+        while j + GEMV_ROWS <= rows {
+            let mut res = [0f32; GEMV_ROWS];
+            rows_q32::<GEMV_ROWS, F>(w.as_ptr().add(j * rb), rb, cols, act, &mut res);
+            out[j..j + GEMV_ROWS].copy_from_slice(&res);
+            j += GEMV_ROWS;
+        }
+        while j < rows {
+            let mut res = [0f32; 1];
+            rows_q32::<1, F>(w.as_ptr().add(j * rb), rb, cols, act, &mut res);
+            out[j] = res[0];
+            j += 1;
+        }
+    }
+
+    /// `W` weight rows (`rb` bytes apart from `w`) against one activation row.
+    #[inline(always)]
+    unsafe fn rows_q32<const W: usize, const F: u8>(
+        w: *const u8,
+        rb: usize,
+        cols: usize,
+        act: Act<'_>,
+        out: &mut [f32; W],
+    ) {
+        let (qs, ds, ss, _) = act.q8();
+        let (qs, ds, ss) = (qs.as_ptr(), ds.as_ptr(), ss.as_ptr());
+        let bb = match F {
+            Q8_0 => Format::Q8_0,
+            Q4_0 => Format::Q4_0,
+            Q4_1 => Format::Q4_1,
+            _ => Format::Q5_0,
+        }
+        .block_bytes();
+        let nb = cols / 32;
+        let mut acc = [_mm256_setzero_ps(); W];
+        let mut off = [0f32; W];
+        for b in 0..nb {
+            let y = _mm256_loadu_si256(qs.add(32 * b) as *const __m256i);
+            let dy = *ds.add(b);
+            let sy = *ss.add(b);
+            for k in 0..W {
+                let blk = w.add(k * rb + b * bb);
+                let dw = f16(blk);
+                let p = match F {
+                    Q8_0 => {
+                        let q = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+                        dot_ss(_mm256_sign_epi8(q, q), q, y)
+                    }
+                    _ => {
+                        let (u, o) = match F {
+                            Q4_0 => (nibbles(blk.add(2)), -8.0 * dw),
+                            Q4_1 => (nibbles(blk.add(4)), f16(blk.add(2))),
+                            _ => {
+                                let qh = (blk.add(2) as *const u32).read_unaligned();
+                                let hb =
+                                    _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+                                (_mm256_or_si256(nibbles(blk.add(6)), hb), -16.0 * dw)
+                            }
+                        };
+                        off[k] += o * sy;
+                        dot_us(u, y)
+                    }
+                };
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(p), acc[k]);
+            }
+        }
+        for k in 0..W {
+            out[k] = hsum(acc[k]) + off[k];
+        }
+    }
+
+    const Q8_0: u8 = 0;
+    const Q4_0: u8 = 1;
+    const Q4_1: u8 = 2;
+    const Q5_0: u8 = 3;
+
+    /// The 32-element formats (`F`: one of the constants above) against R rows of 8-bit
+    /// activations.
+    #[inline(always)]
+    unsafe fn dot_q32<const R: usize, const F: u8>(
         w: &[u8],
         cols: usize,
         acts: &[Act<'_>; R],
@@ -636,7 +929,13 @@ mod avx2 {
             ds[r] = d.as_ptr();
             ss[r] = s.as_ptr();
         }
-        let bb = format.block_bytes();
+        let bb = match F {
+            Q8_0 => Format::Q8_0,
+            Q4_0 => Format::Q4_0,
+            Q4_1 => Format::Q4_1,
+            _ => Format::Q5_0,
+        }
+        .block_bytes();
         let nb = cols / 32;
         let mut acc = [_mm256_setzero_ps(); R];
         let mut off = [0f32; R];
@@ -644,8 +943,8 @@ mod avx2 {
         for b in 0..nb {
             let blk = wp.add(b * bb);
             let dw = f16(blk);
-            match format {
-                Format::Q8_0 => {
+            match F {
+                Q8_0 => {
                     let q = _mm256_loadu_si256(blk.add(2) as *const __m256i);
                     let aq = _mm256_sign_epi8(q, q);
                     for r in 0..R {
@@ -654,10 +953,10 @@ mod avx2 {
                         acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * *ds[r].add(b)), p, acc[r]);
                     }
                 }
-                Format::Q4_0 | Format::Q4_1 | Format::Q5_0 => {
-                    let (u, k) = match format {
-                        Format::Q4_0 => (nibbles(blk.add(2)), -8.0 * dw),
-                        Format::Q4_1 => (nibbles(blk.add(4)), f16(blk.add(2))),
+                _ => {
+                    let (u, k) = match F {
+                        Q4_0 => (nibbles(blk.add(2)), -8.0 * dw),
+                        Q4_1 => (nibbles(blk.add(4)), f16(blk.add(2))),
                         _ => {
                             let qh = (blk.add(2) as *const u32).read_unaligned();
                             let hb = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
@@ -671,7 +970,6 @@ mod avx2 {
                         off[r] += k * *ss[r].add(b);
                     }
                 }
-                _ => unreachable!(),
             }
         }
         for r in 0..R {
@@ -685,6 +983,45 @@ mod avx2 {
         (qs.as_ptr(), d.as_ptr(), bsums.as_ptr())
     }
 
+    /// Q4_K's 12 bytes of six-bit scales and mins → (8 scales, 8 mins), one byte each, in two
+    /// u64s (ggml's bit shuffle; the same values as [`super::q4k_scale_min`]).
+    #[inline(always)]
+    unsafe fn q4k_scales_mins(p: *const u8) -> (u64, u64) {
+        const K1: u32 = 0x3f3f_3f3f;
+        const K2: u32 = 0x0f0f_0f0f;
+        const K3: u32 = 0x0303_0303;
+        let u0 = (p as *const u32).read_unaligned();
+        let u1 = (p.add(4) as *const u32).read_unaligned();
+        let u2 = (p.add(8) as *const u32).read_unaligned();
+        let sc_lo = u0 & K1;
+        let sc_hi = (u2 & K2) | (((u0 >> 6) & K3) << 4);
+        let mn_lo = u1 & K1;
+        let mn_hi = ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4);
+        (
+            sc_lo as u64 | (sc_hi as u64) << 32,
+            mn_lo as u64 | (mn_hi as u64) << 32,
+        )
+    }
+
+    /// Σ over a row's 8 Q4_K sub-blocks of min · (sum of the sub-block's activations): the
+    /// 16 bsums of a 256-block added in pairs, times the 8 mins → 4 × i32.
+    #[inline(always)]
+    unsafe fn q4k_min_sums(mins: __m128i, bs: *const i16) -> __m128i {
+        let lo = _mm_loadu_si128(bs as *const __m128i);
+        let hi = _mm_loadu_si128(bs.add(8) as *const __m128i);
+        _mm_madd_epi16(mins, _mm_hadd_epi16(lo, hi))
+    }
+
+    #[inline(always)]
+    unsafe fn hsum128(v: __m128) -> f32 {
+        let s = _mm_add_ps(v, _mm_movehl_ps(v, v));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// Q4_K against R rows of Q8_K activations. Per row the integer sums of a block go into a
+    /// float vector (one horizontal sum per call, not per block), and the mins' correction is
+    /// a vector multiply-add of the mins with the activations' pairwise block sums.
     #[inline(always)]
     unsafe fn dot_q4k<const R: usize>(
         w: &[u8],
@@ -694,20 +1031,17 @@ mod avx2 {
     ) {
         let a: [_; R] = std::array::from_fn(|r| q8k(&acts[r]));
         let nb = cols / 256;
-        let mut acc = [0f32; R];
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut accm = [_mm_setzero_ps(); R];
         let m4 = _mm256_set1_epi8(0x0F);
         for b in 0..nb {
             let blk = w.as_ptr().add(b * 144);
             let dw = f16(blk);
             let dmin = f16(blk.add(2));
-            let sc_bytes = std::slice::from_raw_parts(blk.add(4), 12);
-            let mut sc = [0i16; 8];
-            let mut mn = [0i32; 8];
-            for j in 0..8 {
-                let (s, m) = super::q4k_scale_min(j, sc_bytes);
-                sc[j] = s as i16;
-                mn[j] = m as i32;
-            }
+            let (sc, mn) = q4k_scales_mins(blk.add(4));
+            let mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
+            let scv: [__m256i; 8] =
+                std::array::from_fn(|j| _mm256_set1_epi16(((sc >> (8 * j)) & 0xFF) as i16));
             let mut lo = [_mm256_setzero_si256(); 4];
             let mut hi = [_mm256_setzero_si256(); 4];
             for j in 0..4 {
@@ -718,32 +1052,27 @@ mod avx2 {
             for r in 0..R {
                 let (qs, d, bs) = a[r];
                 let qs = qs.add(256 * b);
-                let bs = bs.add(16 * b);
                 let mut sumi = _mm256_setzero_si256();
                 for j in 0..4 {
                     let yl = _mm256_loadu_si256(qs.add(64 * j) as *const __m256i);
                     let yh = _mm256_loadu_si256(qs.add(64 * j + 32) as *const __m256i);
-                    let pl = _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(lo[j], yl),
-                        _mm256_set1_epi16(sc[2 * j]),
-                    );
-                    let ph = _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(hi[j], yh),
-                        _mm256_set1_epi16(sc[2 * j + 1]),
-                    );
+                    let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo[j], yl), scv[2 * j]);
+                    let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi[j], yh), scv[2 * j + 1]);
                     sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
                 }
-                let mut summ = 0i32;
-                for j in 0..8 {
-                    summ += mn[j] * (*bs.add(2 * j) as i32 + *bs.add(2 * j + 1) as i32);
-                }
                 let dy = *d.add(b);
-                acc[r] += dy * (dw * hsum_i32(sumi) as f32 - dmin * summ as f32);
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(sumi), acc[r]);
+                let pm = q4k_min_sums(mins, bs.add(16 * b));
+                accm[r] = _mm_fmadd_ps(_mm_set1_ps(dmin * dy), _mm_cvtepi32_ps(pm), accm[r]);
             }
         }
-        *out = acc;
+        for r in 0..R {
+            out[r] = hsum(acc[r]) - hsum128(accm[r]);
+        }
     }
 
+    /// Q6_K against R rows of Q8_K activations; the stored values are q + 32, so 32 · Σ scale ·
+    /// (sum of the group) comes off each block's integer sum, lane-wise in a vector.
     #[inline(always)]
     unsafe fn dot_q6k<const R: usize>(
         w: &[u8],
@@ -753,13 +1082,15 @@ mod avx2 {
     ) {
         let a: [_; R] = std::array::from_fn(|r| q8k(&acts[r]));
         let nb = cols / 256;
-        let mut acc = [0f32; R];
+        let mut acc = [_mm256_setzero_ps(); R];
         let m4 = _mm256_set1_epi8(0x0F);
         let m2 = _mm256_set1_epi8(0x03);
         for b in 0..nb {
             let blk = w.as_ptr().add(b * 210);
             let dw = f16(blk.add(208));
             let sc = std::slice::from_raw_parts(blk.add(192) as *const i8, 16);
+            // the 16 scales as i16, for the correction
+            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192) as *const __m128i));
             // Unpack the 256 six-bit values (0..63) once for all rows: u[half][k] holds
             // elements 128·half + 32·k .. + 32, whose groups of 16 use scales 8·half + 2k (+1).
             let mut u = [[_mm256_setzero_si256(); 4]; 2];
@@ -786,7 +1117,6 @@ mod avx2 {
             for r in 0..R {
                 let (qs, d, bs) = a[r];
                 let qs = qs.add(256 * b);
-                let bs = bs.add(16 * b);
                 let mut sumi = _mm256_setzero_si256();
                 for half in 0..2 {
                     for k in 0..4 {
@@ -796,16 +1126,16 @@ mod avx2 {
                         sumi = _mm256_add_epi32(sumi, p);
                     }
                 }
-                // The stored values are q + 32: subtract 32 · Σ scale · (sum of the group).
-                let mut corr = 0i32;
-                for g in 0..16 {
-                    corr += sc[g] as i32 * *bs.add(g) as i32;
-                }
+                let bsv = _mm256_loadu_si256(bs.add(16 * b) as *const __m256i);
+                let corr = _mm256_madd_epi16(sc16, bsv);
+                let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5));
                 let dy = *d.add(b);
-                acc[r] += dw * dy * (hsum_i32(sumi) - 32 * corr) as f32;
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(sumi), acc[r]);
             }
         }
-        *out = acc;
+        for r in 0..R {
+            out[r] = hsum(acc[r]);
+        }
     }
 }
 

@@ -236,6 +236,9 @@ struct LlamaScores {
     scored: Vec<Vec<u32>>,
     /// per prompt and token: llama.cpp's best logit minus the logit of docent's token
     gaps: Vec<Vec<f32>>,
+    /// per prompt and token: llama.cpp's best logit minus its second best (near-ties are
+    /// where any rounding may pick the other token)
+    margins: Vec<Vec<f32>>,
 }
 
 #[derive(serde::Deserialize, serde::Serialize)]
@@ -429,8 +432,9 @@ async fn qwen_batched_chunked_and_cached_give_the_recorded_tokens() {
     }
 }
 
-/// Qwen with an F16 KV cache: attention runs on the F16 kernel, and the first tokens of every
-/// prompt stay the recorded F32 ones (F16 rounding of keys and values may move later ones).
+/// Qwen with an F16 KV cache: attention runs on the F16 kernel, and every prompt's tokens stay
+/// the recorded F32 ones up to the first near-tie (llama.cpp's two best logits within 0.25),
+/// where F16 rounding of keys and values may pick the other token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qwen_f16_kv_cache_runs_on_the_f16_kernel() {
     let _turn = KNOBS.lock().await;
@@ -452,13 +456,22 @@ async fn qwen_f16_kv_cache_runs_on_the_f16_kernel() {
             p.name
         );
         let same = agree(&ids, &fixture.docent[i]);
+        let margins = &fixture
+            .llama_cpp
+            .as_ref()
+            .expect("llama.cpp's scores")
+            .margins[i];
+        let tie = margins
+            .iter()
+            .position(|&m| m < 0.25)
+            .unwrap_or(margins.len());
         eprintln!(
-            "F16 KV cache, prompt {}: the first {same} tokens equal the F32 ones",
+            "F16 KV cache, prompt {}: the first {same} tokens equal the F32 ones (first near-tie at {tie})",
             p.name
         );
         assert!(
-            same >= 8,
-            "prompt {}: F16 departs after {same} tokens",
+            same >= tie,
+            "prompt {}: F16 departs after {same} tokens, before the first near-tie at {tie}",
             p.name
         );
     }
