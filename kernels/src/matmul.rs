@@ -737,7 +737,63 @@ mod avx2 {
         }
     }
 
-    /// `W` weight rows (`rb` bytes apart) against [`R_AVX2`] activation rows.
+    /// One weight block of a 32-element format, ready for the integer dot product: Q8_0, Q4_0
+    /// and Q5_0 as signed values (`s`) and their magnitudes (`a`), for `dot_ss`; Q4_1 as
+    /// unsigned values in `a`, with its min in `min`.
+    #[derive(Clone, Copy)]
+    struct Block {
+        a: __m256i,
+        s: __m256i,
+        d: f32,
+        min: f32,
+    }
+
+    #[inline(always)]
+    unsafe fn block<const F: u8>(blk: *const u8) -> Block {
+        let d = f16(blk);
+        let (s, min) = match F {
+            Q8_0 => (_mm256_loadu_si256(blk.add(2) as *const __m256i), 0.0),
+            Q4_0 => (
+                _mm256_sub_epi8(nibbles(blk.add(2)), _mm256_set1_epi8(8)),
+                0.0,
+            ),
+            Q4_1 => {
+                let u = nibbles(blk.add(4));
+                return Block {
+                    a: u,
+                    s: u,
+                    d,
+                    min: f16(blk.add(2)),
+                };
+            }
+            _ => {
+                let qh = (blk.add(2) as *const u32).read_unaligned();
+                let hb = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+                let u = _mm256_or_si256(nibbles(blk.add(6)), hb);
+                (_mm256_sub_epi8(u, _mm256_set1_epi8(16)), 0.0)
+            }
+        };
+        Block {
+            a: _mm256_sign_epi8(s, s),
+            s,
+            d,
+            min,
+        }
+    }
+
+    /// Σ weight · activation over one block, as 8 × i32.
+    #[inline(always)]
+    unsafe fn block_dot<const F: u8>(w: &Block, y: __m256i) -> __m256i {
+        if F == Q4_1 {
+            dot_us(w.a, y)
+        } else {
+            dot_ss(w.a, w.s, y)
+        }
+    }
+
+    /// `W` weight rows (`rb` bytes apart) against [`R_AVX2`] activation rows. Per output the
+    /// same operations in the same order as [`rows_q32`], so a row's result does not depend
+    /// on how many rows are computed with it (batched decode gives the tokens of single).
     #[inline(always)]
     unsafe fn tile_q32<const W: usize, const F: u8>(
         w: *const u8,
@@ -756,63 +812,34 @@ mod avx2 {
             ds[r] = d.as_ptr();
             ss[r] = s.as_ptr();
         }
-        let bb = match F {
-            Q8_0 => Format::Q8_0,
-            Q4_0 => Format::Q4_0,
-            Q4_1 => Format::Q4_1,
-            _ => Format::Q5_0,
-        }
-        .block_bytes();
+        let bb = block_bytes::<F>();
         let nb = cols / 32;
         let mut acc = [[_mm256_setzero_ps(); A]; W];
         let mut off = [[0f32; A]; W];
         for b in 0..nb {
-            // unpack the W weight blocks once
-            let mut u = [_mm256_setzero_si256(); W];
-            let mut sgn = [_mm256_setzero_si256(); W];
-            let mut dw = [0f32; W];
-            let mut o = [0f32; W];
-            for k in 0..W {
-                let blk = w.add(k * rb + b * bb);
-                dw[k] = f16(blk);
-                match F {
-                    Q8_0 => {
-                        let q = _mm256_loadu_si256(blk.add(2) as *const __m256i);
-                        u[k] = _mm256_sign_epi8(q, q);
-                        sgn[k] = q;
-                    }
-                    Q4_0 => {
-                        u[k] = nibbles(blk.add(2));
-                        o[k] = -8.0 * dw[k];
-                    }
-                    Q4_1 => {
-                        u[k] = nibbles(blk.add(4));
-                        o[k] = f16(blk.add(2));
-                    }
-                    _ => {
-                        let qh = (blk.add(2) as *const u32).read_unaligned();
-                        let hb = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
-                        u[k] = _mm256_or_si256(nibbles(blk.add(6)), hb);
-                        o[k] = -16.0 * dw[k];
-                    }
-                }
+            // a loop, not array::from_fn: a closure would not inherit the target features
+            let mut blocks = [Block {
+                a: _mm256_setzero_si256(),
+                s: _mm256_setzero_si256(),
+                d: 0.0,
+                min: 0.0,
+            }; W];
+            for (k, blk) in blocks.iter_mut().enumerate() {
+                *blk = block::<F>(w.add(k * rb + b * bb));
             }
             for r in 0..A {
                 let y = _mm256_loadu_si256(qs[r].add(32 * b) as *const __m256i);
                 let dy = *ds[r].add(b);
-                let sy = *ss[r].add(b);
                 for k in 0..W {
-                    let p = if F == Q8_0 {
-                        dot_ss(u[k], sgn[k], y)
-                    } else {
-                        off[k][r] += o[k] * sy;
-                        dot_us(u[k], y)
-                    };
+                    let p = block_dot::<F>(&blocks[k], y);
                     acc[k][r] = _mm256_fmadd_ps(
-                        _mm256_set1_ps(dw[k] * dy),
+                        _mm256_set1_ps(blocks[k].d * dy),
                         _mm256_cvtepi32_ps(p),
                         acc[k][r],
                     );
+                    if F == Q4_1 {
+                        off[k][r] += blocks[k].min * *ss[r].add(b);
+                    }
                 }
             }
         }
@@ -821,6 +848,17 @@ mod avx2 {
                 out[k][r] = hsum(acc[k][r]) + off[k][r];
             }
         }
+    }
+
+    #[inline(always)]
+    fn block_bytes<const F: u8>() -> usize {
+        match F {
+            Q8_0 => Format::Q8_0,
+            Q4_0 => Format::Q4_0,
+            Q4_1 => Format::Q4_1,
+            _ => Format::Q5_0,
+        }
+        .block_bytes()
     }
 
     /// Weight rows per step of [`gemv_q32`].
@@ -861,44 +899,20 @@ mod avx2 {
     ) {
         let (qs, ds, ss, _) = act.q8();
         let (qs, ds, ss) = (qs.as_ptr(), ds.as_ptr(), ss.as_ptr());
-        let bb = match F {
-            Q8_0 => Format::Q8_0,
-            Q4_0 => Format::Q4_0,
-            Q4_1 => Format::Q4_1,
-            _ => Format::Q5_0,
-        }
-        .block_bytes();
+        let bb = block_bytes::<F>();
         let nb = cols / 32;
         let mut acc = [_mm256_setzero_ps(); W];
         let mut off = [0f32; W];
         for b in 0..nb {
             let y = _mm256_loadu_si256(qs.add(32 * b) as *const __m256i);
             let dy = *ds.add(b);
-            let sy = *ss.add(b);
             for k in 0..W {
-                let blk = w.add(k * rb + b * bb);
-                let dw = f16(blk);
-                let p = match F {
-                    Q8_0 => {
-                        let q = _mm256_loadu_si256(blk.add(2) as *const __m256i);
-                        dot_ss(_mm256_sign_epi8(q, q), q, y)
-                    }
-                    _ => {
-                        let (u, o) = match F {
-                            Q4_0 => (nibbles(blk.add(2)), -8.0 * dw),
-                            Q4_1 => (nibbles(blk.add(4)), f16(blk.add(2))),
-                            _ => {
-                                let qh = (blk.add(2) as *const u32).read_unaligned();
-                                let hb =
-                                    _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
-                                (_mm256_or_si256(nibbles(blk.add(6)), hb), -16.0 * dw)
-                            }
-                        };
-                        off[k] += o * sy;
-                        dot_us(u, y)
-                    }
-                };
-                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(p), acc[k]);
+                let blk = block::<F>(w.add(k * rb + b * bb));
+                let p = block_dot::<F>(&blk, y);
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(blk.d * dy), _mm256_cvtepi32_ps(p), acc[k]);
+                if F == Q4_1 {
+                    off[k] += blk.min * *ss.add(b);
+                }
             }
         }
         for k in 0..W {
@@ -1040,8 +1054,11 @@ mod avx2 {
             let dmin = f16(blk.add(2));
             let (sc, mn) = q4k_scales_mins(blk.add(4));
             let mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
-            let scv: [__m256i; 8] =
-                std::array::from_fn(|j| _mm256_set1_epi16(((sc >> (8 * j)) & 0xFF) as i16));
+            // a loop, not array::from_fn: a closure would not inherit the target features
+            let mut scv = [_mm256_setzero_si256(); 8];
+            for (j, v) in scv.iter_mut().enumerate() {
+                *v = _mm256_set1_epi16(((sc >> (8 * j)) & 0xFF) as i16);
+            }
             let mut lo = [_mm256_setzero_si256(); 4];
             let mut hi = [_mm256_setzero_si256(); 4];
             for j in 0..4 {
