@@ -1,5 +1,6 @@
 //! Kernel timings on a model's layer shapes: `cargo bench -p docent-kernels [-- MODEL]`, MODEL
-//! one of `smollm2` (SmolLM2-135M, the default), `qwen0.5b`, `qwen1.5b` (Qwen2.5 0.5B / 1.5B).
+//! one of `smollm2` (SmolLM2-135M, the default), `qwen0.5b`, `qwen1.5b` (Qwen2.5 0.5B / 1.5B),
+//! `qwen0.5b-output` (the 0.5B's output layer alone: decode from memory, not cache).
 //!
 //! For each weight format: decode (one activation row, a gemv: GB/s of weights read) and
 //! prefill (600 rows: GFLOP/s), on the run-time instruction set and on the scalar one
@@ -70,10 +71,12 @@ fn main() {
     let model = args.first().cloned().unwrap_or_else(|| "smollm2".into());
     // an optional second argument keeps one format (e.g. Q4_K)
     let only = args.get(1).cloned();
-    let shapes: [(usize, usize); 4] = match model.as_str() {
-        "qwen0.5b" => [(896, 896), (128, 896), (4864, 896), (896, 4864)],
-        "qwen1.5b" => [(1536, 1536), (256, 1536), (8960, 1536), (1536, 8960)],
-        _ => [(576, 576), (192, 576), (1536, 576), (576, 1536)],
+    let shapes: Vec<(usize, usize)> = match model.as_str() {
+        "qwen0.5b" => vec![(896, 896), (128, 896), (4864, 896), (896, 4864)],
+        "qwen1.5b" => vec![(1536, 1536), (256, 1536), (8960, 1536), (1536, 8960)],
+        // the output layer of Qwen2.5-0.5B: a gemv over ~145 MB of Q8_0, from memory
+        "qwen0.5b-output" => vec![(151_936, 896)],
+        _ => vec![(576, 576), (192, 576), (1536, 576), (576, 1536)],
     };
     let scalar = std::env::var_os("DOCENT_BENCH_NO_SCALAR").is_none();
     println!("shapes of {model}: {shapes:?}");

@@ -660,8 +660,8 @@ mod avx2 {
     }
 
     /// Decode (one activation row): the weight rows of `w` (`rb` bytes each) against one row of
-    /// 8-bit activations into `out`, [`GEMV_ROWS`] weight rows at a time, so that each block
-    /// of activations and its scale is loaded once for all of them.
+    /// 8-bit activations into `out`, [`GEMV_ROWS`] weight rows at a time, in a loop made for
+    /// the format (no format test per block).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn gemv_q32(
         format: Format,
@@ -861,8 +861,11 @@ mod avx2 {
         .block_bytes()
     }
 
-    /// Weight rows per step of [`gemv_q32`].
-    const GEMV_ROWS: usize = 4;
+    /// Weight rows per step of [`gemv_q32`]. One: interleaving 4 rows (sharing each activation
+    /// block) streamed slower from memory on the 2-core Zen 3 machine (Qwen 0.5B's output
+    /// layer, 145 MB of Q8_0: 12.0–12.7 GB/s with 4 rows, 13.5–17.4 with 1; Q5_0 6.8–9.1 vs
+    /// 11.9–13.2; `cargo bench -p docent-kernels -- qwen0.5b-output Q8_0`).
+    const GEMV_ROWS: usize = 1;
 
     #[inline(always)]
     unsafe fn gemv_q32_as<const F: u8>(
