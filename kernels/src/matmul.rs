@@ -13,7 +13,8 @@
 //! - Prefill (`m > 1`) is tiled: a task owns at most [`WEIGHT_TILE_BYTES`] of weight rows
 //!   (they stay in L1/L2) and walks every activation row past them, [`R`] at a time; each
 //!   micro-kernel call multiplies one weight row by R activation rows, so a weight block is
-//!   loaded (and unpacked) once for R rows.
+//!   loaded (and unpacked) once for R rows. On AVX2 the 32-element formats use a tile of 2
+//!   weight rows × 4 activation rows instead, and decode a loop of their own per format.
 //! - The output is written once, without zero-filling it first.
 //!
 //! Every format has a plain scalar micro-kernel computing the same integer sums; the AVX2

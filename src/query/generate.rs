@@ -160,7 +160,7 @@ pub struct GenerationConfig {
     /// bytes attention reads per token; keys and values rounded to F16, as llama.cpp does).
     #[serde(default = "default_kv_cache")]
     pub kv_cache: String,
-    /// Continuous batching on the CPU (GGUF Llama-family models, no draft model): answers of
+    /// Continuous batching on the CPU (GGUF llama, mistral3 and qwen2 models, no draft model): answers of
     /// different lengths decode together in one forward pass, and a new request joins the
     /// running batch between steps.
     #[serde(default = "yes")]
