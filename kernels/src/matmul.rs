@@ -212,9 +212,9 @@ pub fn matmul_with(isa: Isa, w: &WeightView<'_>, x: &[f32], m: usize) -> Option<
             let j0 = chunk * per_task;
             let j1 = (j0 + per_task).min(rows);
             #[cfg(target_arch = "x86_64")]
-            if m == 1 && avx2::gemv_handles(isa, format) {
+            if m == 1 && avx2::q32_handles(isa, format) {
                 // SAFETY: AVX2/FMA/F16C are present (isa was capped at what the processor
-                // has, and gemv_handles checks the level); rows j0..j1 lie inside the
+                // has, and q32_handles checks the level); rows j0..j1 lie inside the
                 // weights, and their outputs are columns j0..j1 of the one output row, which
                 // no other task writes.
                 unsafe {
@@ -224,7 +224,7 @@ pub fn matmul_with(isa: Isa, w: &WeightView<'_>, x: &[f32], m: usize) -> Option<
                 return;
             }
             #[cfg(target_arch = "x86_64")]
-            if m > 1 && avx2::gemv_handles(isa, format) {
+            if m > 1 && avx2::q32_handles(isa, format) {
                 // SAFETY: as above; the tile writes rows 0..m of columns j0..j1 only.
                 unsafe {
                     avx2::gemm_q32(
@@ -649,9 +649,9 @@ mod avx2 {
         }
     }
 
-    /// Whether [`gemv_q32`] takes this format at this instruction-set level (AVX-512
-    /// machines keep their own kernels for the formats those handle).
-    pub(super) fn gemv_handles(isa: Isa, format: Format) -> bool {
+    /// Whether [`gemv_q32`] and [`gemm_q32`] take this format at this instruction-set level
+    /// (AVX-512 machines keep their own kernels for the formats those handle).
+    pub(super) fn q32_handles(isa: Isa, format: Format) -> bool {
         isa >= Isa::Avx2
             && isa < Isa::Avx512
             && matches!(
@@ -661,8 +661,11 @@ mod avx2 {
     }
 
     /// Decode (one activation row): the weight rows of `w` (`rb` bytes each) against one row of
-    /// 8-bit activations into `out`, [`GEMV_ROWS`] weight rows at a time, in a loop made for
-    /// the format (no format test per block).
+    /// 8-bit activations into `out`, one weight row at a time, in a loop made for the format
+    /// (no format test per block). One row, not several sharing each activation block:
+    /// interleaving 4 rows streamed slower from memory on the 2-core Zen 3 machine (Qwen
+    /// 0.5B's output layer, 145 MB of Q8_0: 12.0–12.7 GB/s with 4 rows, 13.5–17.4 with 1;
+    /// Q5_0 6.8–9.1 vs 11.9–13.2; `cargo bench -p docent-kernels -- qwen0.5b-output Q8_0`).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn gemv_q32(
         format: Format,
@@ -793,7 +796,7 @@ mod avx2 {
     }
 
     /// `W` weight rows (`rb` bytes apart) against [`R_AVX2`] activation rows. Per output the
-    /// same operations in the same order as [`rows_q32`], so a row's result does not depend
+    /// same operations in the same order as [`row_q32`], so a row's result does not depend
     /// on how many rows are computed with it (batched decode gives the tokens of single).
     #[inline(always)]
     unsafe fn tile_q32<const W: usize, const F: u8>(
@@ -862,12 +865,6 @@ mod avx2 {
         .block_bytes()
     }
 
-    /// Weight rows per step of [`gemv_q32`]. One: interleaving 4 rows (sharing each activation
-    /// block) streamed slower from memory on the 2-core Zen 3 machine (Qwen 0.5B's output
-    /// layer, 145 MB of Q8_0: 12.0–12.7 GB/s with 4 rows, 13.5–17.4 with 1; Q5_0 6.8–9.1 vs
-    /// 11.9–13.2; `cargo bench -p docent-kernels -- qwen0.5b-output Q8_0`).
-    const GEMV_ROWS: usize = 1;
-
     #[inline(always)]
     unsafe fn gemv_q32_as<const F: u8>(
         w: &[u8],
@@ -876,52 +873,33 @@ mod avx2 {
         act: Act<'_>,
         out: &mut [f32],
     ) {
-        let rows = out.len();
-        let mut j = 0;
-        while j + GEMV_ROWS <= rows {
-            let mut res = [0f32; GEMV_ROWS];
-            rows_q32::<GEMV_ROWS, F>(w.as_ptr().add(j * rb), rb, cols, act, &mut res);
-            out[j..j + GEMV_ROWS].copy_from_slice(&res);
-            j += GEMV_ROWS;
-        }
-        while j < rows {
-            let mut res = [0f32; 1];
-            rows_q32::<1, F>(w.as_ptr().add(j * rb), rb, cols, act, &mut res);
-            out[j] = res[0];
-            j += 1;
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = row_q32::<F>(w.as_ptr().add(j * rb), cols, act);
         }
     }
 
-    /// `W` weight rows (`rb` bytes apart from `w`) against one activation row.
+    /// One weight row against one activation row.
     #[inline(always)]
-    unsafe fn rows_q32<const W: usize, const F: u8>(
-        w: *const u8,
-        rb: usize,
-        cols: usize,
-        act: Act<'_>,
-        out: &mut [f32; W],
-    ) {
+    unsafe fn row_q32<const F: u8>(w: *const u8, cols: usize, act: Act<'_>) -> f32 {
         let (qs, ds, ss, _) = act.q8();
         let (qs, ds, ss) = (qs.as_ptr(), ds.as_ptr(), ss.as_ptr());
         let bb = block_bytes::<F>();
-        let nb = cols / 32;
-        let mut acc = [_mm256_setzero_ps(); W];
-        let mut off = [0f32; W];
-        for b in 0..nb {
+        let mut acc = _mm256_setzero_ps();
+        let mut off = 0f32;
+        for b in 0..cols / 32 {
             let y = _mm256_loadu_si256(qs.add(32 * b) as *const __m256i);
-            let dy = *ds.add(b);
-            for k in 0..W {
-                let blk = block::<F>(w.add(k * rb + b * bb));
-                let p = block_dot::<F>(&blk, y);
-                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(blk.d * dy), _mm256_cvtepi32_ps(p), acc[k]);
-                if F == Q4_1 {
-                    off[k] += blk.min * *ss.add(b);
-                }
+            let blk = block::<F>(w.add(b * bb));
+            let p = block_dot::<F>(&blk, y);
+            acc = _mm256_fmadd_ps(
+                _mm256_set1_ps(blk.d * *ds.add(b)),
+                _mm256_cvtepi32_ps(p),
+                acc,
+            );
+            if F == Q4_1 {
+                off += blk.min * *ss.add(b);
             }
         }
-        for k in 0..W {
-            out[k] = hsum(acc[k]) + off[k];
-        }
+        hsum(acc) + off
     }
 
     const Q8_0: u8 = 0;
@@ -929,8 +907,9 @@ mod avx2 {
     const Q4_1: u8 = 2;
     const Q5_0: u8 = 3;
 
-    /// The 32-element formats (`F`: one of the constants above) against R rows of 8-bit
-    /// activations.
+    /// One weight row of a 32-element format (`F`: one of the constants above) against R
+    /// rows of 8-bit activations (R is 1 or [`R_AVX2`]), on the kernels of decode and prefill,
+    /// for AVX-512 machines whose own kernels decline the shape.
     #[inline(always)]
     unsafe fn dot_q32<const R: usize, const F: u8>(
         w: &[u8],
@@ -938,61 +917,14 @@ mod avx2 {
         acts: &[Act<'_>; R],
         out: &mut [f32; R],
     ) {
-        let mut qs = [std::ptr::null::<i8>(); R];
-        let mut ds = [std::ptr::null::<f32>(); R];
-        let mut ss = [std::ptr::null::<f32>(); R];
-        for r in 0..R {
-            let (q, d, s, _) = acts[r].q8();
-            qs[r] = q.as_ptr();
-            ds[r] = d.as_ptr();
-            ss[r] = s.as_ptr();
+        if R == 1 {
+            out[0] = row_q32::<F>(w.as_ptr(), cols, acts[0]);
+            return;
         }
-        let bb = match F {
-            Q8_0 => Format::Q8_0,
-            Q4_0 => Format::Q4_0,
-            Q4_1 => Format::Q4_1,
-            _ => Format::Q5_0,
-        }
-        .block_bytes();
-        let nb = cols / 32;
-        let mut acc = [_mm256_setzero_ps(); R];
-        let mut off = [0f32; R];
-        let wp = w.as_ptr();
-        for b in 0..nb {
-            let blk = wp.add(b * bb);
-            let dw = f16(blk);
-            match F {
-                Q8_0 => {
-                    let q = _mm256_loadu_si256(blk.add(2) as *const __m256i);
-                    let aq = _mm256_sign_epi8(q, q);
-                    for r in 0..R {
-                        let y = _mm256_loadu_si256(qs[r].add(32 * b) as *const __m256i);
-                        let p = _mm256_cvtepi32_ps(dot_ss(aq, q, y));
-                        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * *ds[r].add(b)), p, acc[r]);
-                    }
-                }
-                _ => {
-                    let (u, k) = match F {
-                        Q4_0 => (nibbles(blk.add(2)), -8.0 * dw),
-                        Q4_1 => (nibbles(blk.add(4)), f16(blk.add(2))),
-                        _ => {
-                            let qh = (blk.add(2) as *const u32).read_unaligned();
-                            let hb = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
-                            (_mm256_or_si256(nibbles(blk.add(6)), hb), -16.0 * dw)
-                        }
-                    };
-                    for r in 0..R {
-                        let y = _mm256_loadu_si256(qs[r].add(32 * b) as *const __m256i);
-                        let p = _mm256_cvtepi32_ps(dot_us(u, y));
-                        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * *ds[r].add(b)), p, acc[r]);
-                        off[r] += k * *ss[r].add(b);
-                    }
-                }
-            }
-        }
-        for r in 0..R {
-            out[r] = hsum(acc[r]) + off[r];
-        }
+        let acts: &[Act<'_>; R_AVX2] = acts.as_slice().try_into().expect("R is 1 or R_AVX2");
+        let mut res = [[0f32; R_AVX2]; 1];
+        tile_q32::<1, F>(w.as_ptr(), 0, cols, acts, &mut res);
+        out.copy_from_slice(&res[0]);
     }
 
     #[inline(always)]

@@ -247,6 +247,10 @@ struct FixturePrompt {
     tokens: Vec<u32>,
 }
 
+/// Qwen2.5-0.5B's layers, and its matmuls per forward pass (7 a layer, plus the output).
+const QWEN_LAYERS: u64 = 24;
+const QWEN_MATMULS: u64 = QWEN_LAYERS * 7 + 1;
+
 fn qwen_fixture_path() -> std::path::PathBuf {
     helpers::repo().join("tests/batching/qwen2.5-coder-0.5b.greedy.json")
 }
@@ -294,8 +298,6 @@ async fn qwen_greedy_tokens_match_the_fixture_and_llama_cpp() {
     } else {
         qwen_fixture()
     };
-    // Qwen2.5-0.5B: 24 layers, 7 matmuls each, plus the output
-    const LAYERS: u64 = 24;
     let mut got = Vec::new();
     for p in &fixture.prompts {
         let (m0, a0) = cpu_kernels::calls();
@@ -307,7 +309,7 @@ async fn qwen_greedy_tokens_match_the_fixture_and_llama_cpp() {
         let ids = g.token_ids.expect("token ids");
         let passes = ids.len() as u64;
         assert!(
-            m1 - m0 >= passes * (LAYERS * 7 + 1) && a1 - a0 >= passes * LAYERS,
+            m1 - m0 >= passes * QWEN_MATMULS && a1 - a0 >= passes * QWEN_LAYERS,
             "prompt {}: {} matmuls and {} attentions on docent's kernels for {passes} passes",
             p.name,
             m1 - m0,
@@ -391,11 +393,11 @@ async fn qwen_batched_chunked_and_cached_give_the_recorded_tokens() {
             p.name
         );
     }
-    // one after the other: a forward pass of 24×7+1 matmuls per token and prompt
+    // one after the other: a forward pass per token and prompt
     let sequential: u64 = fixture
         .docent
         .iter()
-        .map(|ids| ids.len() as u64 * 169)
+        .map(|ids| ids.len() as u64 * QWEN_MATMULS)
         .sum();
     assert!(
         (m1 - m0) * 2 < sequential,
@@ -423,7 +425,7 @@ async fn qwen_batched_chunked_and_cached_give_the_recorded_tokens() {
         );
         if i + 1 == fixture.prompts.len() {
             // 700 tokens in chunks of 64: 11 prefill passes, then n - 1 decode passes
-            let passes = (m1 - m0) / 169;
+            let passes = (m1 - m0) / QWEN_MATMULS;
             assert!(
                 passes >= (n as u64 - 1) + 11,
                 "{passes} forward passes for a 700-token prompt in chunks of 64"
@@ -451,7 +453,7 @@ async fn qwen_f16_kv_cache_runs_on_the_f16_kernel() {
         let ids = g.token_ids.expect("token ids");
         let f16 = cpu_kernels::f16_attentions() - before;
         assert!(
-            f16 >= 24 * ids.len() as u64,
+            f16 >= QWEN_LAYERS * ids.len() as u64,
             "prompt {}: {f16} attentions over F16 keys and values",
             p.name
         );
