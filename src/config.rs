@@ -561,6 +561,7 @@ impl Default for Config {
                 kernels: default_kernels(),
                 isa: default_isa(),
                 kv_cache: default_kv_cache(),
+                repack: true,
                 continuous_batching: true,
                 prefill_chunk_tokens: default_prefill_chunk(),
                 max_queue: default_max_queue(),
@@ -568,6 +569,7 @@ impl Default for Config {
                 answer_mode: crate::query::AnswerMode::Generative,
                 refusal_phrase: crate::query::generate::default_refusal_phrase(),
                 refusal_threshold: crate::query::generate::default_refusal_threshold(),
+                refusal_check: Default::default(),
             },
             prompts: PromptsConfig {
                 dir: "prompts".into(),
@@ -979,6 +981,14 @@ impl Config {
                 format!("is a probability above 0 and at most 1 (1: refuse only when the model writes the refusal phrase), got {t}"),
             );
         }
+        if self.generation.refusal_check == crate::query::generate::RefusalCheck::Question
+            && self.generation.refusal_phrase.trim().is_empty()
+        {
+            return invalid(
+                "generation.refusal_check",
+                "\"question\" asks the model whether the passages hold the answer, which is off when generation.refusal_phrase is empty; set a refusal phrase or use \"first_token\"".to_string(),
+            );
+        }
         if let Some(draft) = &self.generation.draft {
             if !(1..=16).contains(&draft.gamma) {
                 return invalid(
@@ -1179,6 +1189,31 @@ mod tests {
         c.embedding.bm25.avg_len = f64::NAN;
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("embedding.bm25.avg_len"), "{e}");
+    }
+
+    #[test]
+    fn the_pre_question_needs_a_refusal_phrase() {
+        let mut c = Config::default();
+        c.generation.refusal_check = crate::query::generate::RefusalCheck::Question;
+        c.validate().unwrap();
+        c.generation.refusal_phrase = " ".into();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("generation.refusal_check") && e.contains("refusal_phrase"),
+            "{e}"
+        );
+        // from TOML, by name
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        std::fs::write(&f, "[generation]\nrefusal_check = \"question\"\n").unwrap();
+        let c = Config::load(Some(&f)).unwrap();
+        assert_eq!(
+            c.generation.refusal_check,
+            crate::query::generate::RefusalCheck::Question
+        );
+        std::fs::write(&f, "[generation]\nrefusal_check = \"ask\"\n").unwrap();
+        let e = Config::load(Some(&f)).unwrap_err().to_string();
+        assert!(e.contains("first_token") && e.contains("question"), "{e}");
     }
 
     #[test]

@@ -317,6 +317,9 @@ enum Bench {
         /// Prompt tokens per prefill chunk (0: whole prompts; default: the service's).
         #[arg(long)]
         prefill_chunk: Option<usize>,
+        /// Keep Q5_0 weights as they are in the file (`generation.repack = false`).
+        #[arg(long)]
+        no_repack: bool,
         #[arg(long)]
         json: bool,
     },
@@ -686,6 +689,7 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             kernels,
             isa,
             prefill_chunk,
+            no_repack,
             json,
         }) => {
             // candle computes on rayon's global pool: size it before anything uses it
@@ -741,6 +745,7 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
                         .generation
                         .prefill_chunk_tokens,
                 ),
+                repack: !no_repack,
             };
             let result = docent::tools::bench::generate::run(&opts).await?;
             print_report(&result, json)

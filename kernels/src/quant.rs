@@ -233,6 +233,28 @@ pub fn dequantize_row(format: Format, row: &[u8], out: &mut [f32]) {
     }
 }
 
+/// Q5_0 blocks rewritten as Q8_0 blocks, losslessly: the same f16 scale, and each 5-bit
+/// value (0..31, offset 16) as the signed byte it stands for (−16..15). Every product with
+/// an activation block is the same integer, so results are bit-identical; the weights take
+/// 34 bytes per 32 instead of 22, and the kernels skip unpacking the fifth bit (prefill
+/// runs on the Q8_0 tile). `None` when `data` is not whole Q5_0 blocks.
+pub fn q5_0_as_q8_0(data: &[u8]) -> Option<Vec<u8>> {
+    let (bb5, bb8) = (Format::Q5_0.block_bytes(), Format::Q8_0.block_bytes());
+    if !data.len().is_multiple_of(bb5) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(data.len() / bb5 * bb8);
+    for blk in data.chunks_exact(bb5) {
+        out.extend_from_slice(&blk[..2]);
+        let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+        let value =
+            |nibble: u8, bit: usize| ((nibble | ((((qh >> bit) & 1) as u8) << 4)) as i8 - 16) as u8;
+        out.extend((0..16).map(|i| value(blk[6 + i] & 15, i)));
+        out.extend((0..16).map(|i| value(blk[6 + i] >> 4, i + 16)));
+    }
+    Some(out)
+}
+
 /// Activation rows quantised to 8 bits in blocks of 32: `qs` (rows × cols), and per block
 /// the scale `d` and `s = d·Σq`.
 #[derive(Debug, Default)]
@@ -379,6 +401,29 @@ pub(crate) mod testutil {
             out.extend_from_slice(&b);
         }
         out
+    }
+
+    #[test]
+    fn q5_0_rewritten_as_q8_0_dequantises_to_the_same_values() {
+        let mut rng = Rng(11);
+        let cols = 32 * 28;
+        for _ in 0..8 {
+            let q5 = random_row(&mut rng, Format::Q5_0, cols);
+            let q8 = q5_0_as_q8_0(&q5).unwrap();
+            assert_eq!(q8.len(), Format::Q8_0.row_bytes(cols).unwrap());
+            let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+            dequantize_row(Format::Q5_0, &q5, &mut a);
+            dequantize_row(Format::Q8_0, &q8, &mut b);
+            assert_eq!(a, b);
+        }
+        // the extremes: 0 → −16, 31 → 15
+        let mut blk = vec![0u8; 22];
+        blk[..2].copy_from_slice(&f16::from_f32(1.0).to_le_bytes());
+        blk[2..6].copy_from_slice(&1u32.to_le_bytes());
+        blk[6] = 0x0F;
+        let q8 = q5_0_as_q8_0(&blk).unwrap();
+        assert_eq!((q8[2] as i8, q8[3] as i8, q8[18] as i8), (15, -16, -16));
+        assert!(q5_0_as_q8_0(&blk[..21]).is_none());
     }
 
     #[test]

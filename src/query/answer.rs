@@ -18,7 +18,7 @@ use crate::metrics::metrics;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tracing::info;
 
-use crate::query::generate::{Generation, GenerationStream, StreamEvent};
+use crate::query::generate::{Generation, GenerationStream, Judgement, StreamEvent};
 use crate::query::postprocess::guard::{self, Guard, Units, Verdict};
 use crate::query::postprocess::{self, extractive, AnswerStream, Citation};
 use crate::query::prompt::{Budget, ContextBlock, Prompt};
@@ -338,10 +338,15 @@ impl QueryEngine {
         let mut generation: Option<Generation> = None;
         let mut deltas = 0usize;
         if let Some(mut stream) = stream {
+            // a pre-question's judgement is there before the answer starts
+            out.judgement = stream.judgement();
+            if out.judgement.is_some_and(|j| j.refuse) {
+                out.refused_by_model = true;
+            }
             let mut post = AnswerStream::new(&p.q.params.stop);
             let mut units = Units::default();
-            let mut ended = false;
-            loop {
+            let mut ended = out.refused_by_model;
+            while !ended {
                 let next = tokio::select! {
                     _ = tx.closed() => return,
                     next = stream.next() => next,
@@ -358,9 +363,10 @@ impl QueryEngine {
                     }
                     Some(Ok(StreamEvent::Delta(text))) => {
                         deltas += 1;
-                        if out.judgement.is_none() {
+                        if deltas == 1 {
+                            // the answer's first step: its own signal is read there
                             let judgement = stream.judgement();
-                            out.judgement = judgement.map(|j| j.probability);
+                            out.judgement = judgement;
                             if out.text.is_empty() && judgement.is_some_and(|j| j.refuse) {
                                 // the model judges that the context does not answer the
                                 // question: nothing is shown, the generation stops here
@@ -717,7 +723,8 @@ impl QueryEngine {
             safety: p.safety.clone(),
             refused: mode == AnswerMode::Refusal,
             refusal_reason: refusal,
-            refusal_probability: out.judgement,
+            refusal_probability: out.judgement.map(|j| j.probability),
+            refusal_signals: out.judgement.map(|j| j.signals),
         };
         if let Some(key) = &p.cache_key {
             self.cache.put(
@@ -755,6 +762,7 @@ impl QueryEngine {
             refused: true,
             refusal_reason: Some(reason),
             refusal_probability: None,
+            refusal_signals: None,
         })
     }
 
@@ -773,6 +781,7 @@ impl QueryEngine {
             refused: false,
             refusal_reason: None,
             refusal_probability: None,
+            refusal_signals: None,
         }
     }
 }
@@ -795,8 +804,8 @@ struct Released {
     withheld: bool,
     /// Embeddings of the context blocks, computed for the first unit attributed.
     block_vectors: Option<Vec<Vec<f32>>>,
-    /// The model's probability of starting with the refusal phrase, read at its first token.
-    judgement: Option<f32>,
+    /// The model's judgement: from the pre-question, or read at the answer's first token.
+    judgement: Option<Judgement>,
     /// The model judged that the context does not answer the question (by that
     /// probability, or by writing the phrase) before anything was shown.
     refused_by_model: bool,

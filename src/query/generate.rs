@@ -64,6 +64,10 @@ pub(crate) fn default_kernels() -> String {
     "docent".into()
 }
 
+fn default_true() -> bool {
+    true
+}
+
 pub(crate) fn default_kv_cache() -> String {
     "f32".into()
 }
@@ -160,6 +164,11 @@ pub struct GenerationConfig {
     /// bytes attention reads per token; keys and values rounded to F16, as llama.cpp does).
     #[serde(default = "default_kv_cache")]
     pub kv_cache: String,
+    /// Rewrite Q5_0 weights as Q8_0 when a GGUF model loads, for docent's CPU kernels: the
+    /// same values (bit-identical answers), prefill without unpacking the fifth bit, 12
+    /// more bytes per 32 such weights in memory (Qwen2.5 0.5B: +120 MB).
+    #[serde(default = "default_true")]
+    pub repack: bool,
     /// Continuous batching on the CPU (GGUF llama, mistral3 and qwen2 models, no draft model): answers of
     /// different lengths decode together in one forward pass, and a new request joins the
     /// running batch between steps.
@@ -193,6 +202,24 @@ pub struct GenerationConfig {
     /// other words, are refused too.
     #[serde(default = "default_refusal_threshold")]
     pub refusal_threshold: f32,
+    /// Which of the model's signals decides a refusal (see [`RefusalCheck`]).
+    #[serde(default)]
+    pub refusal_check: RefusalCheck,
+}
+
+/// How the model's judgement that the passages do not hold the answer is read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefusalCheck {
+    /// Its probability of starting the answer with the refusal phrase, read at the
+    /// answer's first step (no extra pass).
+    #[default]
+    FirstToken,
+    /// A yes/no pre-question before the answer (`prompts/answer_check.jinja`, appended to
+    /// the same prompt, so the answer then reuses its prefix from the cache): the
+    /// probability of "no" against "yes" at its first token. Costs the pre-question's few
+    /// tokens and one step before the answer starts.
+    Question,
 }
 
 pub(crate) fn default_refusal_phrase() -> String {
@@ -313,6 +340,11 @@ pub struct Generator {
     refusal_tokens: Vec<u32>,
     /// `generation.refusal_threshold` (see [`RefusalGate`]).
     refusal_threshold: f32,
+    /// `generation.refusal_check`.
+    refusal_check: RefusalCheck,
+    /// First tokens of "yes" and "no", for [`RefusalCheck::Question`].
+    yes_tokens: Vec<u32>,
+    no_tokens: Vec<u32>,
 }
 
 /// Text to token ids with the model's tokenizer.
@@ -480,9 +512,33 @@ pub struct GenerationStream {
     pending_done: Option<Generation>,
     /// Released only once the engine has let go of the sequence (see [`Self::hold`]).
     held: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// The model's signals; `None` when no refusal phrase is configured.
+    judge: Option<Judge>,
+}
+
+/// What a stream knows of the model's judgement.
+struct Judge {
+    /// The pre-question's probability of "no" ([`RefusalCheck::Question`]): it decides.
+    question: Option<f32>,
     /// Set at the first generated step: the probability of the refusal phrase's first
-    /// token (see [`RefusalGate`]).
-    judgement: Option<Arc<OnceLock<Judgement>>>,
+    /// token (see [`RefusalGate`]); it decides when there is no pre-question.
+    first_token: Option<Arc<OnceLock<f32>>>,
+    threshold: f32,
+}
+
+impl Judge {
+    fn judgement(&self) -> Option<Judgement> {
+        let first_token = self.first_token.as_ref().and_then(|p| p.get().copied());
+        let probability = self.question.or(first_token)?;
+        Some(Judgement {
+            probability,
+            refuse: probability >= self.threshold,
+            signals: RefusalSignals {
+                first_token,
+                question: self.question,
+            },
+        })
+    }
 }
 
 impl GenerationStream {
@@ -495,10 +551,10 @@ impl GenerationStream {
         self.held = Some(permit);
     }
 
-    /// The model's judgement, once its first token is out (`None` before, or when no
-    /// refusal phrase is configured).
+    /// The model's judgement: with a pre-question from the start, else once the first
+    /// token is out (`None` before, or when no refusal phrase is configured).
     pub fn judgement(&self) -> Option<Judgement> {
-        self.judgement.as_ref().and_then(|j| j.get().copied())
+        self.judge.as_ref().and_then(Judge::judgement)
     }
 
     /// The next event; `None` after `Done` or an error.
@@ -654,7 +710,7 @@ impl Generator {
             None => loader,
         };
         cpu_kernels::init_threads(config.threads);
-        cpu_kernels::install(config.kernels == "docent", &config.isa);
+        cpu_kernels::install(config.kernels == "docent", &config.isa, config.repack);
         mistralrs::core::set_prefix_cache_limit_bytes(config.prefix_cache_mib << 20);
         mistralrs::core::set_cpu_kv_cache_f16(config.kv_cache == "f16");
         // Continuous batching needs each sequence's own cache: not with a draft model, whose
@@ -763,6 +819,17 @@ impl Generator {
             n => n.min(context_tokens),
         };
         let refusal_tokens = first_tokens(&config.refusal_phrase, ids.as_ref());
+        let word_tokens = |words: &[&str]| {
+            let mut t: Vec<u32> = words
+                .iter()
+                .flat_map(|w| first_tokens(w, ids.as_ref()))
+                .collect();
+            t.sort_unstable();
+            t.dedup();
+            t
+        };
+        let yes_tokens = word_tokens(&["yes", "Yes", "YES"]);
+        let no_tokens = word_tokens(&["no", "No", "NO"]);
         Ok(Generator {
             model,
             path,
@@ -773,6 +840,9 @@ impl Generator {
             ids,
             refusal_tokens,
             refusal_threshold: config.refusal_threshold,
+            refusal_check: config.refusal_check,
+            yes_tokens,
+            no_tokens,
         })
     }
 
@@ -817,25 +887,85 @@ impl Generator {
     }
 
     /// Chat generation, token by token; the stream also gives the model's refusal
-    /// judgement ([`GenerationStream::judgement`]) when a refusal phrase is set.
+    /// judgement ([`GenerationStream::judgement`]) when a refusal phrase is set. With
+    /// [`RefusalCheck::Question`] the pre-question runs first; when it refuses, the answer
+    /// is not started and the stream ends at once.
     pub async fn stream(
         &self,
         prompt: &Prompt,
         params: &Params,
     ) -> Result<GenerationStream, GenerateError> {
-        let judgement = (!self.refusal_tokens.is_empty()).then(Arc::<OnceLock<Judgement>>::default);
-        let processors = judgement.as_ref().map(|judgement| {
+        let judging = !self.refusal_tokens.is_empty();
+        let question = match self.refusal_check {
+            RefusalCheck::Question if judging && !prompt.check.is_empty() => {
+                Some(self.check(prompt).await?)
+            }
+            _ => None,
+        };
+        let refuse_first_token = match question {
+            // the pre-question decides; the answer's first step is only recorded (and the
+            // phrase masked there: the model answers what the check judged answerable)
+            Some(_) => f32::INFINITY,
+            None => self.refusal_threshold,
+        };
+        let first_token = judging.then(Arc::<OnceLock<f32>>::default);
+        let judge = Judge {
+            question,
+            first_token: first_token.clone(),
+            threshold: self.refusal_threshold,
+        };
+        if question.is_some_and(|q| q >= self.refusal_threshold) {
+            return Ok(GenerationStream {
+                rx: None,
+                counters: self.counters.clone(),
+                finished: true,
+                pending_done: None,
+                held: None,
+                judge: Some(judge),
+            });
+        }
+        let processors = first_token.map(|probability| {
             vec![Arc::new(RefusalGate {
                 tokens: self.refusal_tokens.clone(),
-                threshold: self.refusal_threshold,
-                judgement: judgement.clone(),
+                threshold: refuse_first_token,
+                probability,
             }) as Arc<dyn mistralrs::CustomLogitsProcessor>]
         });
         let mut stream = self
             .stream_request(messages(prompt), sampling(params), processors)
             .await?;
-        stream.judgement = judgement;
+        stream.judge = judging.then_some(judge);
         Ok(stream)
+    }
+
+    /// The pre-question ([`RefusalCheck::Question`]): the prompt with `prompt.check` after
+    /// the question, one greedy step; the probability of "no" against "yes" there.
+    async fn check(&self, prompt: &Prompt) -> Result<f32, GenerateError> {
+        let mut asked = prompt.clone();
+        asked.user = format!("{}\n\n{}", prompt.user, prompt.check);
+        let probability = Arc::<OnceLock<f32>>::default();
+        let reader = YesNo {
+            yes: self.yes_tokens.clone(),
+            no: self.no_tokens.clone(),
+            probability: probability.clone(),
+        };
+        let response = self
+            .request_once(
+                messages(&asked),
+                sampling(&Params::greedy(1)),
+                false,
+                Some(vec![
+                    Arc::new(reader) as Arc<dyn mistralrs::CustomLogitsProcessor>
+                ]),
+            )
+            .await?;
+        match response {
+            Response::Done(_) => probability
+                .get()
+                .copied()
+                .ok_or_else(|| GenerateError::Engine("the pre-question was not read".into())),
+            other => Err(response_error(other)),
+        }
     }
 
     /// Raw completion from token ids (no template), greedy, token by token.
@@ -870,7 +1000,7 @@ impl Generator {
             finished: false,
             pending_done: None,
             held: None,
-            judgement: None,
+            judge: None,
         })
     }
 
@@ -938,16 +1068,18 @@ impl Generator {
             .map_err(|e| GenerateError::Engine(e.to_string()))
     }
 
-    async fn run(
+    /// One request, not streamed: its one response.
+    async fn request_once(
         &self,
         messages: RequestMessage,
         sampling_params: SamplingParams,
         logprobs: bool,
-    ) -> Result<Generation, GenerateError> {
+        processors: Option<Vec<Arc<dyn mistralrs::CustomLogitsProcessor>>>,
+    ) -> Result<Response, GenerateError> {
         let (tx, mut rx) = mpsc::channel(8);
         self.counters.active.fetch_add(1, Ordering::Relaxed);
         let response = match self
-            .send(messages, sampling_params, logprobs, false, tx, None)
+            .send(messages, sampling_params, logprobs, false, tx, processors)
             .await
         {
             Ok(()) => rx
@@ -957,7 +1089,19 @@ impl Generator {
             Err(e) => Err(e),
         };
         self.counters.active.fetch_sub(1, Ordering::Relaxed);
-        match response? {
+        response
+    }
+
+    async fn run(
+        &self,
+        messages: RequestMessage,
+        sampling_params: SamplingParams,
+        logprobs: bool,
+    ) -> Result<Generation, GenerateError> {
+        match self
+            .request_once(messages, sampling_params, logprobs, None)
+            .await?
+        {
             Response::Done(r) => {
                 let choice = r.choices.into_iter().next();
                 let finish_reason = choice
@@ -1073,16 +1217,31 @@ fn sampling(params: &Params) -> SamplingParams {
 struct RefusalGate {
     tokens: Vec<u32>,
     threshold: f32,
-    judgement: Arc<OnceLock<Judgement>>,
+    probability: Arc<OnceLock<f32>>,
 }
 
-/// The model's judgement at an answer's first step (see [`RefusalGate`]).
+/// The model's judgement at an answer's first step (see [`RefusalGate`]), or from the
+/// pre-question ([`RefusalCheck::Question`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Judgement {
-    /// Its probability of starting with the refusal phrase.
+    /// The deciding signal's probability that the passages do not hold the answer.
     pub probability: f32,
     /// At or above `generation.refusal_threshold`: the question is refused.
     pub refuse: bool,
+    /// Every signal read.
+    pub signals: RefusalSignals,
+}
+
+/// The model's refusal signals, each as a probability that the passages do not hold the
+/// answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct RefusalSignals {
+    /// Of starting the answer with the refusal phrase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_token: Option<f32>,
+    /// Of answering "no" to the pre-question (`generation.refusal_check = "question"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub question: Option<f32>,
 }
 
 impl mistralrs::CustomLogitsProcessor for RefusalGate {
@@ -1091,7 +1250,7 @@ impl mistralrs::CustomLogitsProcessor for RefusalGate {
         logits: &mistralrs::Tensor,
         _context: &[u32],
     ) -> mistralrs::Result<mistralrs::Tensor> {
-        if self.judgement.get().is_some() {
+        if self.probability.get().is_some() {
             return Ok(logits.clone());
         }
         let mut values: Vec<f32> = logits
@@ -1099,12 +1258,8 @@ impl mistralrs::CustomLogitsProcessor for RefusalGate {
             .to_dtype(mistralrs::DType::F32)?
             .to_vec1()?;
         let probability = token_probability(&values, &self.tokens);
-        let refuse = probability >= self.threshold;
-        let _ = self.judgement.set(Judgement {
-            probability,
-            refuse,
-        });
-        if refuse {
+        let _ = self.probability.set(probability);
+        if probability >= self.threshold {
             return Ok(logits.clone());
         }
         for &t in &self.tokens {
@@ -1114,6 +1269,46 @@ impl mistralrs::CustomLogitsProcessor for RefusalGate {
         }
         mistralrs::Tensor::from_vec(values, logits.shape(), logits.device())?
             .to_dtype(logits.dtype())
+    }
+}
+
+/// Reads the pre-question's first step: the probability of `no` against `yes`
+/// (their softmax masses, normalised to the two), 0.5 when neither is likely at all.
+struct YesNo {
+    yes: Vec<u32>,
+    no: Vec<u32>,
+    probability: Arc<OnceLock<f32>>,
+}
+
+impl mistralrs::CustomLogitsProcessor for YesNo {
+    fn apply(
+        &self,
+        logits: &mistralrs::Tensor,
+        _context: &[u32],
+    ) -> mistralrs::Result<mistralrs::Tensor> {
+        if self.probability.get().is_none() {
+            let values: Vec<f32> = logits
+                .flatten_all()?
+                .to_dtype(mistralrs::DType::F32)?
+                .to_vec1()?;
+            let _ = self
+                .probability
+                .set(no_against_yes(&values, &self.yes, &self.no));
+        }
+        Ok(logits.clone())
+    }
+}
+
+/// P(no) / (P(yes) + P(no)) under `logits`; 0.5 when both are 0.
+fn no_against_yes(logits: &[f32], yes: &[u32], no: &[u32]) -> f32 {
+    let (y, n) = (
+        token_probability(logits, yes),
+        token_probability(logits, no),
+    );
+    if y + n > 0.0 {
+        n / (y + n)
+    } else {
+        0.5
     }
 }
 
@@ -1207,6 +1402,46 @@ mod tests {
         assert_eq!(token_probability(&masked, &[0]), 0.0);
         // large logits do not overflow
         assert!((token_probability(&[1000.0, 1000.0], &[0]) - 0.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_pre_question_reads_no_against_yes() {
+        // probabilities 0.1 (yes), 0.3 (no), 0.6 (other): no against yes is 0.75
+        let logits = [0.1f32.ln(), 0.3f32.ln(), 0.6f32.ln()];
+        assert!((no_against_yes(&logits, &[0], &[1]) - 0.75).abs() < 1e-6);
+        // several spellings of each count together
+        let logits = [0.1f32.ln(), 0.3f32.ln(), 0.2f32.ln(), 0.4f32.ln()];
+        assert!((no_against_yes(&logits, &[0, 3], &[1, 2]) - 0.5).abs() < 1e-6);
+        // neither likely at all: undecided
+        let masked = [f32::NEG_INFINITY, f32::NEG_INFINITY, 0.0];
+        assert_eq!(no_against_yes(&masked, &[0], &[1]), 0.5);
+    }
+
+    #[test]
+    fn a_stream_judges_by_its_pre_question_when_there_is_one() {
+        let first = Arc::new(OnceLock::new());
+        let judge = |question| Judge {
+            question,
+            first_token: Some(first.clone()),
+            threshold: 0.6,
+        };
+        // no pre-question: nothing until the first token, then the first token decides
+        assert_eq!(judge(None).judgement(), None);
+        let pre = judge(Some(0.7)).judgement().unwrap();
+        assert!(pre.refuse && pre.probability == 0.7 && pre.signals.first_token.is_none());
+        first.set(0.9).unwrap();
+        let j = judge(None).judgement().unwrap();
+        assert!(j.refuse && j.probability == 0.9);
+        // with one, it decides; the first token is only recorded
+        let j = judge(Some(0.2)).judgement().unwrap();
+        assert!(!j.refuse && j.probability == 0.2);
+        assert_eq!(
+            j.signals,
+            RefusalSignals {
+                first_token: Some(0.9),
+                question: Some(0.2)
+            }
+        );
     }
 
     #[test]

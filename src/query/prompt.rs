@@ -11,9 +11,10 @@ use minijinja::{context, Environment};
 use serde::Serialize;
 
 /// Template files the query path needs, relative to `prompts.dir`.
-pub const TEMPLATES: &[&str] = &[SYSTEM, USER, REFUSAL, QUOTED];
+pub const TEMPLATES: &[&str] = &[SYSTEM, USER, CHECK, REFUSAL, QUOTED];
 const SYSTEM: &str = "answer_system.jinja";
 const USER: &str = "answer_user.jinja";
+const CHECK: &str = "answer_check.jinja";
 const REFUSAL: &str = "refusal.jinja";
 const QUOTED: &str = "quoted_chunk.jinja";
 
@@ -116,6 +117,9 @@ pub struct Prompt {
     pub system: String,
     pub history: Vec<Turn>,
     pub user: String,
+    /// The yes/no pre-question asked after `user` when `generation.refusal_check` is
+    /// `question` (`answer_check.jinja`; empty: none).
+    pub check: String,
     /// The tag the context is quoted in (`doc-…`).
     pub fence: String,
 }
@@ -281,6 +285,7 @@ impl Prompts {
             system: render(SYSTEM)?.trim().to_string(),
             history: Vec::new(),
             user: render(USER)?.trim().to_string(),
+            check: render(CHECK)?.trim().to_string(),
             fence: fence.to_string(),
         })
     }

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::query::generate::RefusalSignals;
 use crate::query::postprocess::Citation;
 use crate::query::retrieve::Scores;
 use crate::query::safety::SafetyReport;
@@ -38,10 +39,16 @@ pub struct QueryResponse {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refusal_reason: Option<RefusalReason>,
     /// The model's judgement, when it was asked: its probability of starting the answer
-    /// with the refusal phrase (`generation.refusal_phrase`), refused at or above
-    /// `generation.refusal_threshold`.
+    /// with the refusal phrase (`generation.refusal_phrase`), or with
+    /// `generation.refusal_check = "question"` of answering "no" to the pre-question,
+    /// refused at or above `generation.refusal_threshold`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refusal_probability: Option<f32>,
+    /// Every signal of the model's judgement that was read (`first_token`; `question`
+    /// with `generation.refusal_check = "question"`), each a probability that the
+    /// passages do not hold the answer; `refusal_probability` is the deciding one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal_signals: Option<RefusalSignals>,
 }
 
 /// Why a question was refused.

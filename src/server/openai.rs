@@ -1100,6 +1100,7 @@ mod tests {
             refused: false,
             refusal_reason: None,
             refusal_probability: None,
+            refusal_signals: None,
         }
     }
 

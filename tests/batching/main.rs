@@ -213,6 +213,31 @@ fn qwen() -> GenerationConfig {
     c
 }
 
+/// `generation.repack = false`: the Q5_0 weights stay as in the file, on their own kernels,
+/// and give the same ids as the Q8_0 rewrite (the fixture), which is lossless.
+#[tokio::test]
+async fn qwen_without_the_q8_0_rewrite_gives_the_same_tokens() {
+    let _turn = KNOBS.lock().await;
+    let fixture = qwen_fixture();
+    let repacked = cpu_kernels::repacked();
+    let mut c = qwen();
+    c.repack = false;
+    let generator = Generator::load(&c).await.expect("load Qwen 0.5B");
+    assert_eq!(cpu_kernels::repacked(), repacked, "nothing rewritten");
+    for (p, want) in fixture.prompts.iter().zip(&fixture.docent).take(2) {
+        let g = generator
+            .complete_tokens(p.tokens.clone(), fixture.new_tokens)
+            .await
+            .expect("generate");
+        assert_eq!(
+            g.token_ids.as_ref(),
+            Some(want),
+            "prompt {}: the Q5_0 kernels and the Q8_0 rewrite disagree",
+            p.name
+        );
+    }
+}
+
 /// The Qwen fixture: three prompts (token ids cut from the Rust Book: about 20, 300 and 700
 /// tokens, so the decode, packed-prefill and multi-tile attention paths all run), docent's
 /// greedy ids for each, and llama.cpp's scores of those ids (scripts/llama_score.py).
@@ -276,7 +301,15 @@ fn agree(a: &[u32], b: &[u32]) -> usize {
 async fn qwen_greedy_tokens_match_the_fixture_and_llama_cpp() {
     let _turn = KNOBS.lock().await;
     let bless = std::env::var_os("DOCENT_BLESS").is_some();
+    let repacked = cpu_kernels::repacked();
     let generator = Generator::load(&qwen()).await.expect("load Qwen 0.5B");
+    // generation.repack (on): the Q5_0 projections (q, k, v, o, gate, up: 896 columns)
+    // run as Q8_0, and the ids below are the ones recorded on the Q5_0 kernels
+    assert!(
+        cpu_kernels::repacked() - repacked >= QWEN_LAYERS * 4,
+        "{} Q5_0 weights rewritten",
+        cpu_kernels::repacked() - repacked
+    );
     let mut fixture = if bless {
         let text = std::fs::read_to_string(
             shared().join("data/corpus/rust-book/src/ch04-01-what-is-ownership.md"),

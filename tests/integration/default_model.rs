@@ -15,18 +15,28 @@ from 11:30 to 14:00.\n\n\
 The second-floor printer is reserved for the finance team; everyone else prints on the \
 ground floor.\n";
 
-#[tokio::test]
-async fn the_default_model_answers_from_the_context_and_refuses_what_it_lacks() {
+/// A server over the office guide with the default model, no answer cache, 64 answer
+/// tokens, and every question reaching the model (the refusals below are the model's, not
+/// retrieval's); `adjust` changes the rest.
+fn guide_server(
+    adjust: impl FnOnce(&mut docent::config::Config),
+) -> (tempfile::TempDir, tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("office-guide.md");
     std::fs::write(&path, GUIDE).unwrap();
-    let (_index, address) = server_over(&[path], |c| {
+    let (index, address) = server_over(&[path], |c| {
         c.generation.model = default_model();
         c.generation.cache_size = 0;
         c.generation.max_tokens = 64;
-        // every question reaches the model: the refusal below is the model's, not retrieval's
         c.retrieval.min_score = 0.0;
+        adjust(c);
     });
+    (dir, index, address)
+}
+
+#[tokio::test]
+async fn the_default_model_answers_from_the_context_and_refuses_what_it_lacks() {
+    let (_dir, _index, address) = guide_server(|_| {});
     let c = client();
     let url = format!("{address}/v1/query");
 
@@ -39,21 +49,7 @@ async fn the_default_model_answers_from_the_context_and_refuses_what_it_lacks() 
         "{models}"
     );
 
-    let answer = post_json(
-        &c,
-        &url,
-        &json!({"question": "Which team is the second-floor printer reserved for?"}),
-    )
-    .await;
-    eprintln!("answer: {answer}");
-    let text = answer["answer"].as_str().unwrap().to_lowercase();
-    assert!(text.contains("finance"), "{answer}");
-    assert_eq!(answer["refused"], false, "{answer}");
-    assert_eq!(answer["mode"], "generative", "{answer}");
-    assert!(
-        !answer["citations"].as_array().unwrap().is_empty(),
-        "{answer}"
-    );
+    let answer = ask_printer(&c, &url).await;
     let p = answer["refusal_probability"]
         .as_f64()
         .expect("the model's judgement");
@@ -63,24 +59,7 @@ async fn the_default_model_answers_from_the_context_and_refuses_what_it_lacks() 
     );
 
     for stream in [false, true] {
-        let body = json!({"question": "What is the password of the guest wifi?", "stream": stream});
-        let refused = if stream {
-            let mut res = c.post(&url).json(&body).send().await.unwrap();
-            let mut raw = String::new();
-            while let Some(chunk) = res.chunk().await.unwrap() {
-                raw.push_str(&String::from_utf8_lossy(&chunk));
-            }
-            // one delta: the refusal itself, nothing of the model's text before it
-            assert_eq!(raw.matches("event: delta").count(), 1, "{raw}");
-            let done = raw
-                .split("event: done\ndata: ")
-                .nth(1)
-                .expect("a done event");
-            serde_json::from_str::<Value>(done.trim()).unwrap()
-        } else {
-            post_json(&c, &url, &body).await
-        };
-        eprintln!("refused: {refused}");
+        let refused = ask_wifi_password(&c, &url, stream).await;
         assert_eq!(refused["refused"], true, "{refused}");
         assert_eq!(refused["refusal_reason"], "model", "{refused}");
         assert_eq!(refused["mode"], "refusal", "{refused}");
@@ -93,6 +72,87 @@ async fn the_default_model_answers_from_the_context_and_refuses_what_it_lacks() 
             "{refused}"
         );
         assert!(refused["citations"].as_array().unwrap().is_empty());
+    }
+}
+
+/// Asks the guide's server a question it answers: a generated answer with its citation.
+async fn ask_printer(c: &reqwest::Client, url: &str) -> Value {
+    let question = json!({"question": "Which team is the second-floor printer reserved for?"});
+    let answer = post_json(c, url, &question).await;
+    eprintln!("answer: {answer}");
+    let text = answer["answer"].as_str().unwrap().to_lowercase();
+    assert!(text.contains("finance"), "{answer}");
+    assert_eq!(answer["refused"], false, "{answer}");
+    assert_eq!(answer["mode"], "generative", "{answer}");
+    assert!(
+        !answer["citations"].as_array().unwrap().is_empty(),
+        "{answer}"
+    );
+    answer
+}
+
+/// Asks the guide's server a question it does not answer, in JSON or streamed; a streamed
+/// refusal has one delta (the refusal itself, nothing of the model's text before it).
+async fn ask_wifi_password(c: &reqwest::Client, url: &str, stream: bool) -> Value {
+    let body = json!({"question": "What is the password of the guest wifi?", "stream": stream});
+    let refused = if stream {
+        let mut res = c.post(url).json(&body).send().await.unwrap();
+        let mut raw = String::new();
+        while let Some(chunk) = res.chunk().await.unwrap() {
+            raw.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        assert_eq!(raw.matches("event: delta").count(), 1, "{raw}");
+        let done = raw
+            .split("event: done\ndata: ")
+            .nth(1)
+            .expect("a done event");
+        serde_json::from_str::<Value>(done.trim()).unwrap()
+    } else {
+        post_json(c, url, &body).await
+    };
+    eprintln!("refused: {refused}");
+    refused
+}
+
+/// `generation.refusal_check = "question"`: the yes/no pre-question decides before the
+/// answer starts. A question the guide answers is answered, with both signals read; one
+/// it does not answer is refused by the pre-question alone (the answer never started, so
+/// there is no first-token signal), in JSON and streamed.
+#[tokio::test]
+async fn the_pre_question_refuses_before_the_answer_starts() {
+    let (_dir, _index, address) = guide_server(|c| {
+        c.generation.refusal_check = docent::query::generate::RefusalCheck::Question;
+        // the pre-question's "no" is likelier than the first token's phrase: on this guide
+        // the 0.5B model gives about 0.58 to the printer question and 0.72 to the wifi
+        // password (llama.cpp on the same prompts: 0.57 and 0.72)
+        c.generation.refusal_threshold = 0.65;
+    });
+    let c = client();
+    let url = format!("{address}/v1/query");
+
+    let answer = ask_printer(&c, &url).await;
+    let signals = &answer["refusal_signals"];
+    let question = signals["question"].as_f64().expect("the pre-question read");
+    assert!(question < 0.65, "{answer}");
+    assert!(signals["first_token"].as_f64().is_some(), "{answer}");
+    // the deciding signal is the pre-question's
+    assert_eq!(answer["refusal_probability"].as_f64(), Some(question));
+
+    for stream in [false, true] {
+        let refused = ask_wifi_password(&c, &url, stream).await;
+        assert_eq!(refused["refused"], true, "{refused}");
+        assert_eq!(refused["refusal_reason"], "model", "{refused}");
+        assert!(
+            refused["refusal_signals"]["question"]
+                .as_f64()
+                .is_some_and(|p| p >= 0.65),
+            "{refused}"
+        );
+        assert!(
+            refused["refusal_signals"].get("first_token").is_none(),
+            "the answer never started: {refused}"
+        );
+        assert_eq!(refused["usage"]["completion_tokens"], 0, "{refused}");
     }
 }
 

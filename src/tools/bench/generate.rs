@@ -49,6 +49,8 @@ pub struct Options {
     /// `generation.prefill_chunk_tokens` for the speed cells (the chunked-prefill rows set
     /// their own).
     pub prefill_chunk: usize,
+    /// `generation.repack`: Q5_0 weights rewritten as Q8_0 at load.
+    pub repack: bool,
 }
 
 /// One model × prompt cell.
@@ -212,6 +214,7 @@ fn config(model: &Path, opts: &Options) -> GenerationConfig {
         isa: opts.isa.clone(),
         prefix_cache: false,
         prefill_chunk_tokens: opts.prefill_chunk,
+        repack: opts.repack,
         ..crate::config::Config::default().generation
     }
 }
@@ -318,7 +321,7 @@ fn run_peer(
 
 pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
     // the instruction-set cap first: the report names the level, which is fixed on first use
-    crate::query::generate::cpu_kernels::install(opts.kernels == "docent", &opts.isa);
+    crate::query::generate::cpu_kernels::install(opts.kernels == "docent", &opts.isa, opts.repack);
     let text = std::fs::read_to_string(&opts.text)
         .map_err(|e| anyhow::anyhow!("reading {}: {e}", opts.text.display()))?;
     let scratch =
@@ -329,7 +332,11 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
         device: describe_device(&opts.device),
         threads: opts.threads,
         kernels: if opts.kernels == "docent" {
-            format!("docent ({})", docent_kernels::cpu::isa().name())
+            format!(
+                "docent ({}{})",
+                docent_kernels::cpu::isa().name(),
+                if opts.repack { ", Q5_0 as Q8_0" } else { "" }
+            )
         } else {
             opts.kernels.clone()
         },

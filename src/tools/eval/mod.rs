@@ -319,6 +319,15 @@ pub struct AnswerReport {
     /// that say the phrase are refused at every threshold). Empty when no refusal phrase
     /// is configured.
     pub refusal_by_model: Vec<ThresholdRow>,
+    /// With a pre-question (`generation.refusal_check = "question"`) both signals are
+    /// read on every answer: the curve of each, and of refusing when either reaches the
+    /// threshold. Empty otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub refusal_by_first_token: Vec<ThresholdRow>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub refusal_by_question: Vec<ThresholdRow>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub refusal_by_either: Vec<ThresholdRow>,
     /// Time to the first shown text and to the whole answer, over the questions the
     /// model answered (not refused) at the configured threshold, in ms.
     pub first_text_ms: Percentiles,
@@ -371,6 +380,8 @@ pub struct AnswerRecord {
     pub refused_anyway: bool,
     pub refusal_reason: Option<crate::query::RefusalReason>,
     pub refusal_probability: Option<f32>,
+    /// Every signal of the model's judgement read for this answer.
+    pub refusal_signals: Option<crate::query::generate::RefusalSignals>,
     pub contains_gold: bool,
     pub mode: crate::query::AnswerMode,
     pub degenerate: Vec<String>,
@@ -381,13 +392,49 @@ pub struct AnswerRecord {
 impl AnswerRecord {
     /// Refused at `threshold` on the model's judgement.
     pub fn refused_at(&self, threshold: f32) -> bool {
-        self.refused_anyway || self.refusal_probability.is_some_and(|p| p >= threshold)
+        self.refused_by(Signal::Deciding, threshold)
+    }
+
+    /// Refused at `threshold` on one of the model's signals.
+    pub fn refused_by(&self, signal: Signal, threshold: f32) -> bool {
+        self.refused_anyway || self.signal(signal).is_some_and(|p| p >= threshold)
+    }
+
+    fn signal(&self, signal: Signal) -> Option<f32> {
+        let signals = self.refusal_signals.unwrap_or_default();
+        match signal {
+            Signal::Deciding => self.refusal_probability,
+            Signal::FirstToken => signals.first_token,
+            Signal::Question => signals.question,
+            Signal::Either => match (signals.first_token, signals.question) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            },
+        }
     }
 }
 
-/// The refusal curve over `records`.
+/// Which of the model's refusal signals a curve is drawn for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// The one the service decided with (`generation.refusal_check`).
+    Deciding,
+    /// The refusal phrase's probability at the answer's first token.
+    FirstToken,
+    /// The pre-question's probability of "no".
+    Question,
+    /// Refused when either reaches the threshold.
+    Either,
+}
+
+/// The refusal curve over `records`, on the deciding signal.
 pub fn refusal_curve(records: &[AnswerRecord]) -> Vec<ThresholdRow> {
-    if !records.iter().any(|r| r.refusal_probability.is_some()) {
+    refusal_curve_by(records, Signal::Deciding)
+}
+
+/// The refusal curve over `records` on one signal; empty when no record has it.
+pub fn refusal_curve_by(records: &[AnswerRecord], signal: Signal) -> Vec<ThresholdRow> {
+    if !records.iter().any(|r| r.signal(signal).is_some()) {
         return Vec::new();
     }
     let share = |a: usize, b: usize| if b == 0 { 0.0 } else { a as f64 / b as f64 };
@@ -400,26 +447,39 @@ pub fn refusal_curve(records: &[AnswerRecord]) -> Vec<ThresholdRow> {
             correct_refusal: share(
                 records
                     .iter()
-                    .filter(|r| !r.answerable && r.refused_at(t))
+                    .filter(|r| !r.answerable && r.refused_by(signal, t))
                     .count(),
                 unanswerable,
             ),
             false_refusal: share(
                 records
                     .iter()
-                    .filter(|r| r.answerable && r.refused_at(t))
+                    .filter(|r| r.answerable && r.refused_by(signal, t))
                     .count(),
                 answerable,
             ),
             contains_gold: share(
                 records
                     .iter()
-                    .filter(|r| r.answerable && !r.refused_at(t) && r.contains_gold)
+                    .filter(|r| r.answerable && !r.refused_by(signal, t) && r.contains_gold)
                     .count(),
                 answerable,
             ),
         })
         .collect()
+}
+
+/// The curve on `signal` when the records carry both signals (a pre-question ran).
+fn both_signals(records: &[AnswerRecord], signal: Signal) -> Vec<ThresholdRow> {
+    let both = records.iter().any(|r| {
+        r.refusal_signals
+            .is_some_and(|s| s.first_token.is_some() && s.question.is_some())
+    });
+    if both {
+        refusal_curve_by(records, signal)
+    } else {
+        Vec::new()
+    }
 }
 
 /// The answer to `request` through the streaming path, with the time to its first shown
@@ -457,6 +517,34 @@ pub struct TypeRow {
     pub extractive: f64,
     pub correct_refusal: f64,
     pub false_refusal: f64,
+}
+
+/// One refusal curve as a table under `title`; nothing when `rows` is empty.
+fn write_curve(
+    f: &mut std::fmt::Formatter<'_>,
+    title: &str,
+    rows: &[ThresholdRow],
+) -> std::fmt::Result {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    writeln!(f, "{title}:")?;
+    writeln!(
+        f,
+        "  {:>9} {:>16} {:>14} {:>13}",
+        "threshold", "correct refusals", "false refusals", "contain gold"
+    )?;
+    for r in rows {
+        writeln!(
+            f,
+            "  {:>9.2} {:>15.1}% {:>13.1}% {:>12.1}%",
+            r.threshold,
+            100.0 * r.correct_refusal,
+            100.0 * r.false_refusal,
+            100.0 * r.contains_gold
+        )?;
+    }
+    Ok(())
 }
 
 /// The type of a question: its first wh-word (`what`, `who`, `how`…), else `other`.
@@ -692,6 +780,7 @@ pub async fn answers(
             refused_anyway: !response.answerable,
             refusal_reason: response.refusal_reason,
             refusal_probability: response.refusal_probability,
+            refusal_signals: response.refusal_signals,
             contains_gold: contains(&response.answer, &golds),
             mode: response.mode,
             degenerate: response.degenerate.clone(),
@@ -885,6 +974,9 @@ pub async fn answers(
         attribution,
         refusal_threshold: threshold,
         refusal_by_model: refusal_curve(&records),
+        refusal_by_first_token: both_signals(&records, Signal::FirstToken),
+        refusal_by_question: both_signals(&records, Signal::Question),
+        refusal_by_either: both_signals(&records, Signal::Either),
         first_text_ms,
         total_ms,
     })
@@ -1348,27 +1440,28 @@ impl std::fmt::Display for EvalReport {
                 "time to the first shown text p50 {:.0} ms, p95 {:.0} ms; whole answer p50 {:.0} ms, p95 {:.0} ms ({} answers not refused)",
                 a.first_text_ms.p50, a.first_text_ms.p95, a.total_ms.p50, a.total_ms.p95, a.total_ms.n
             )?;
-            if !a.refusal_by_model.is_empty() {
-                writeln!(
+            if a.refusal_by_question.is_empty() {
+                write_curve(
                     f,
-                    "refusal by the model's judgement (probability of starting with the refusal phrase; configured threshold {}):",
-                    a.refusal_threshold
+                    &format!("refusal by the model's judgement (probability of starting with the refusal phrase; configured threshold {})", a.refusal_threshold),
+                    &a.refusal_by_model,
                 )?;
-                writeln!(
+            } else {
+                write_curve(
                     f,
-                    "  {:>9} {:>16} {:>14} {:>13}",
-                    "threshold", "correct refusals", "false refusals", "contain gold"
+                    &format!("refusal by the pre-question (probability of \"no\"; configured threshold {}, deciding)", a.refusal_threshold),
+                    &a.refusal_by_question,
                 )?;
-                for r in &a.refusal_by_model {
-                    writeln!(
-                        f,
-                        "  {:>9.2} {:>15.1}% {:>13.1}% {:>12.1}%",
-                        r.threshold,
-                        100.0 * r.correct_refusal,
-                        100.0 * r.false_refusal,
-                        100.0 * r.contains_gold
-                    )?;
-                }
+                write_curve(
+                    f,
+                    "refusal by the first token (probability of starting with the refusal phrase, read on the same answers)",
+                    &a.refusal_by_first_token,
+                )?;
+                write_curve(
+                    f,
+                    "refusal when either signal reaches the threshold",
+                    &a.refusal_by_either,
+                )?;
             }
             if let Some(r) = &a.refusal_by_content {
                 writeln!(
@@ -1538,6 +1631,57 @@ mod tests {
         std::fs::write(p.join("queries.jsonl"), "{\"_id\": \"q1\"}\n").unwrap();
         let e = format!("{:#}", Dataset::load(p).err().unwrap());
         assert!(e.contains("queries.jsonl line 1"), "{e}");
+    }
+
+    #[test]
+    fn each_signal_has_its_curve() {
+        let record = |answerable, first_token, question| AnswerRecord {
+            id: String::new(),
+            question: String::new(),
+            answer: String::new(),
+            answerable,
+            refused_anyway: false,
+            refusal_reason: None,
+            refusal_probability: question,
+            refusal_signals: Some(crate::query::generate::RefusalSignals {
+                first_token,
+                question,
+            }),
+            contains_gold: answerable,
+            mode: crate::query::AnswerMode::Generative,
+            degenerate: Vec::new(),
+            first_text_ms: None,
+            total_ms: 0.0,
+        };
+        // unanswerable: one the first token catches, one the pre-question catches
+        let records = [
+            record(false, Some(0.9), Some(0.1)),
+            record(false, Some(0.1), Some(0.8)),
+            record(true, Some(0.1), Some(0.1)),
+        ];
+        let at = |signal, t: f32| {
+            let curve = refusal_curve_by(&records, signal);
+            let row = curve.into_iter().find(|r| r.threshold == t).unwrap();
+            (row.correct_refusal, row.false_refusal)
+        };
+        assert_eq!(at(Signal::FirstToken, 0.5), (0.5, 0.0));
+        assert_eq!(at(Signal::Question, 0.5), (0.5, 0.0));
+        assert_eq!(at(Signal::Either, 0.5), (1.0, 0.0));
+        // the deciding signal is the pre-question's here
+        assert_eq!(at(Signal::Deciding, 0.5), (0.5, 0.0));
+        assert!(!records[0].refused_at(0.5) && records[1].refused_at(0.5));
+        assert_eq!(at(Signal::Either, 0.05), (1.0, 1.0));
+        assert_eq!(
+            both_signals(&records, Signal::Either).len(),
+            REFUSAL_THRESHOLDS.len()
+        );
+        // one signal only: no per-signal curves
+        let single = [AnswerRecord {
+            refusal_signals: None,
+            ..record(true, None, Some(0.2))
+        }];
+        assert!(both_signals(&single, Signal::Either).is_empty());
+        assert_eq!(refusal_curve(&single).len(), REFUSAL_THRESHOLDS.len());
     }
 
     #[test]

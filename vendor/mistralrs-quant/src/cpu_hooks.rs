@@ -51,7 +51,12 @@ pub type AttentionHook = fn(args: &AttentionArgs<'_>) -> Option<Vec<f32>>;
 /// The same over an F16 KV cache (f32 queries and output).
 pub type AttentionHookF16 = fn(args: &AttentionArgs<'_, half::f16>) -> Option<Vec<f32>>;
 
+/// Rewrites a weight, once at load, into a layout the registered matmul runs faster, with the
+/// same values: `(ggml type id, bytes)` of the new tensor (same shape). `None`: keep it.
+pub type RepackHook = fn(w: &WeightView<'_>) -> Option<(u32, Vec<u8>)>;
+
 static MATMUL: OnceLock<MatMulHook> = OnceLock::new();
+static REPACK: OnceLock<RepackHook> = OnceLock::new();
 static ATTENTION: OnceLock<AttentionHook> = OnceLock::new();
 static ATTENTION_F16: OnceLock<AttentionHookF16> = OnceLock::new();
 static ENABLED: AtomicBool = AtomicBool::new(true);
@@ -67,6 +72,11 @@ pub fn set_matmul(hook: MatMulHook) {
     let _ = MATMUL.set(hook);
 }
 
+/// Registers the load-time weight rewrite (the first registration wins).
+pub fn set_repack(hook: RepackHook) {
+    let _ = REPACK.set(hook);
+}
+
 /// Registers the CPU attention (the first registration wins).
 pub fn set_attention(hook: AttentionHook) {
     let _ = ATTENTION.set(hook);
@@ -80,6 +90,11 @@ pub fn set_attention_f16(hook: AttentionHookF16) {
 /// The registered matmul, unless the hooks are off.
 pub fn matmul() -> Option<MatMulHook> {
     MATMUL.get().copied().filter(|_| ENABLED.load(Ordering::Relaxed))
+}
+
+/// The registered weight rewrite, unless the hooks are off.
+pub fn repack() -> Option<RepackHook> {
+    REPACK.get().copied().filter(|_| ENABLED.load(Ordering::Relaxed))
 }
 
 /// The registered attention, unless the hooks are off.

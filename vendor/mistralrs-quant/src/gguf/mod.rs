@@ -96,6 +96,40 @@ pub(crate) fn cpu_hooks_forward(w: &QMatMul, a: &Tensor) -> Result<Option<Tensor
     Ok(Some(Tensor::from_vec(out, shape, &Device::Cpu)?))
 }
 
+/// docent: the weight as the registered repack hook rewrites it (crate::cpu_hooks), else as
+/// it is.
+fn repacked(q: Arc<QTensor>) -> Result<Arc<QTensor>> {
+    let Some(hook) = crate::cpu_hooks::repack() else {
+        return Ok(q);
+    };
+    if !q.device().is_cpu() {
+        return Ok(q);
+    }
+    let Ok((rows, cols)) = q.shape().dims2() else {
+        return Ok(q);
+    };
+    let data = q.data()?;
+    let view = crate::cpu_hooks::WeightView {
+        ggml_type: ggml_type_id(q.dtype()),
+        rows,
+        cols,
+        data: &data,
+    };
+    let Some((id, bytes)) = hook(&view) else {
+        return Ok(q);
+    };
+    let dtype = match id {
+        8 => GgmlDType::Q8_0,
+        _ => candle_core::bail!("repack hook returned unsupported ggml type {id}"),
+    };
+    Ok(Arc::new(qtensor_from_ggml(
+        dtype,
+        &bytes,
+        vec![rows, cols],
+        &Device::Cpu,
+    )?))
+}
+
 fn ggml_type_id(t: GgmlDType) -> u32 {
     match t {
         GgmlDType::F32 => 0,
@@ -131,6 +165,8 @@ impl QuantMethod for GgufMatMul {
     {
         match method {
             QuantMethodConfig::Gguf { q_weight, b } => {
+                // docent: the registered rewrite of the weight's layout, if any
+                let q_weight = repacked(q_weight)?;
                 // docent: with CPU kernels registered, F16 weights stay F16 (candle would
                 // widen them to F32); see crate::cpu_hooks.
                 let keep_f16 = q_weight.dtype() == GgmlDType::F16
