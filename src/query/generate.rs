@@ -485,6 +485,22 @@ struct Counters {
     cancelled: AtomicU64,
 }
 
+/// One generation in [`Counters::active`] while this lives.
+struct Active<'a>(&'a Counters);
+
+impl<'a> Active<'a> {
+    fn new(counters: &'a Counters) -> Self {
+        counters.active.fetch_add(1, Ordering::Relaxed);
+        Active(counters)
+    }
+}
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// A snapshot of [`Counters`].
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct EngineStats {
@@ -1077,19 +1093,13 @@ impl Generator {
         processors: Option<Vec<Arc<dyn mistralrs::CustomLogitsProcessor>>>,
     ) -> Result<Response, GenerateError> {
         let (tx, mut rx) = mpsc::channel(8);
-        self.counters.active.fetch_add(1, Ordering::Relaxed);
-        let response = match self
-            .send(messages, sampling_params, logprobs, false, tx, processors)
+        // counted while it runs, also when the caller gives up waiting (a dropped future)
+        let _active = Active::new(&self.counters);
+        self.send(messages, sampling_params, logprobs, false, tx, processors)
+            .await?;
+        rx.recv()
             .await
-        {
-            Ok(()) => rx
-                .recv()
-                .await
-                .ok_or_else(|| GenerateError::Engine("the engine dropped the request".into())),
-            Err(e) => Err(e),
-        };
-        self.counters.active.fetch_sub(1, Ordering::Relaxed);
-        response
+            .ok_or_else(|| GenerateError::Engine("the engine dropped the request".into()))
     }
 
     async fn run(
