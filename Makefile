@@ -30,7 +30,7 @@ test: setup
 	python3 scripts/check-module-cycles.py --self-test
 	python3 scripts/check-module-cycles.py
 	$(CARGO) fmt --all -- --check
-	$(CARGO) test --workspace -- --nocapture
+	bash scripts/with-qdrant.sh $(CARGO) test --workspace -- --nocapture
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 ## SIGKILL docent ingest 20 times at random points and check the index after each restart.

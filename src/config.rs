@@ -220,6 +220,10 @@ pub struct StoreConfig {
     pub collection: String,
     /// Per-request timeout against the server, seconds.
     pub timeout_s: u64,
+    /// On a shared store (`kind = "qdrant"`): an ingest whose writer has not written for
+    /// this long is taken for a dead replica's and rolled back by the others, which look
+    /// every quarter of it (at most every minute). Longer than the slowest batch write.
+    pub stale_after_s: u64,
 }
 
 impl Default for StoreConfig {
@@ -230,11 +234,17 @@ impl Default for StoreConfig {
             api_key: None,
             collection: "docent".into(),
             timeout_s: 10,
+            stale_after_s: docent_ingest::store::STALE_AFTER_SECS,
         }
     }
 }
 
 impl StoreConfig {
+    /// How long an unfinished write on a shared store may go untouched.
+    pub fn stale_after(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.stale_after_s)
+    }
+
     /// The index's location under this configuration (`data_dir` for the embedded one).
     pub fn location<'a>(&self, data_dir: &'a Path) -> docent_ingest::store::Location<'a> {
         match self.kind {
@@ -295,6 +305,12 @@ impl StoreConfig {
         }
         if self.timeout_s == 0 {
             return invalid("store.timeout_s", "must be at least 1".into());
+        }
+        if self.stale_after_s == 0 {
+            return invalid(
+                "store.stale_after_s",
+                "must be at least 1 (seconds without a write before another replica rolls an ingest back)".into(),
+            );
         }
         Ok(())
     }

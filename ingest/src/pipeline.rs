@@ -491,9 +491,17 @@ impl Ingestor {
             }
             return Err(e);
         }
-        if let Err(e) = block_on(self.store.publish(&version, None, &replaces)) {
+        match block_on(self.store.publish(&version, None, &replaces)) {
+            Ok(()) => {}
+            Err(e @ docent_store::Error::TakenOver(_)) => {
+                // another replica took this write for a dead one's: nothing was shown
+                if let Err(abort) = block_on(self.store.abort(&version)) {
+                    warn!(error = %abort, "could not remove a partly written document");
+                }
+                return Err(Error::Store(e));
+            }
             // the new version is visible; an old one may linger until the next run
-            warn!(error = %e, "could not remove the previous version");
+            Err(e) => warn!(error = %e, "could not remove the previous version"),
         }
         debug!(chunks = n, document_id = %doc.id, "ingested");
         Ok(Outcome::Ingested {

@@ -37,9 +37,10 @@ pub async fn open_index(config: &Config) -> anyhow::Result<Index> {
     let location = config.store.location(&config.data_dir);
     let engine = docent_ingest::store::open_index(&location, embedder.dim()).await?;
     let store = Arc::new(
-        Store::open(
+        Store::open_with(
             engine,
             &Identity::new(embedder.model_sha256(), embedder.dim()),
+            config.store.stale_after(),
         )
         .await?,
     );
@@ -127,6 +128,7 @@ pub struct Application {
     engine: Arc<QueryEngine>,
     documents: web::Data<crate::server::routes::documents::Documents>,
     shutdown_timeout: Duration,
+    stale_after: Duration,
 }
 
 /// Refuses an address anyone on the network could reach while no key protects it.
@@ -220,6 +222,7 @@ impl Application {
             engine,
             documents,
             shutdown_timeout: Duration::from_secs(s.shutdown_timeout_s),
+            stale_after: config.store.stale_after(),
         })
     }
 
@@ -245,8 +248,14 @@ impl Application {
             );
             handle.stop(true).await;
         });
+        let store = &self.engine.index.store;
+        let shared = !store.index().exclusive();
+        let sweeper = shared.then(|| tokio::spawn(sweep(store.clone(), self.stale_after)));
         self.server.await?;
         signals.abort();
+        if let Some(sweeper) = sweeper {
+            sweeper.abort();
+        }
         if !self.documents.wait_idle(self.shutdown_timeout).await {
             tracing::warn!(
                 "ingest jobs still running after the shutdown timeout; their documents are rolled back at the next start"
@@ -255,6 +264,21 @@ impl Application {
         self.engine.index.store.flush().await?;
         tracing::info!("stopped; the store is flushed");
         Ok(())
+    }
+}
+
+/// On a shared store, rolls back what dead replicas left half written, looking every
+/// quarter of `stale_after` (at most every minute, at least every second).
+async fn sweep(store: Arc<Store>, stale_after: Duration) {
+    let every = (stale_after / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        // each rollback is logged by the store
+        if let Err(e) = store.sweep(stale_after).await {
+            tracing::warn!(error = %e, "could not check for unfinished ingests");
+        }
     }
 }
 

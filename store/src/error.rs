@@ -15,6 +15,10 @@ pub enum Error {
     /// Stored data that does not parse.
     #[error("vector store: malformed {what}: {detail}")]
     Malformed { what: &'static str, detail: String },
+    /// A write that another replica took for a dead one's and rolled back: it made no
+    /// progress for longer than the index's stale time. Nothing of it is shown.
+    #[error("vector store: {0}")]
+    TakenOver(String),
     #[error("{path}: {source}")]
     Io {
         path: std::path::PathBuf,

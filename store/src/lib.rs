@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 pub use error::{Error, Result};
 pub use index::{Filter, Point, VectorIndex};
-pub use store::{Identity, Store, View};
+pub use store::{Identity, Store, View, STALE_AFTER_SECS};
 pub use types::*;
 
 /// Where the index lives.

@@ -10,7 +10,7 @@
 //! | `meta` | `revision` | changes whenever what search can see changes (answer caches key on it) |
 //! | `meta` | `epoch` | changes with every change of the hidden set, before the points under it change |
 //! | `hidden` | document id | a document being written, or about to be deleted |
-//! | `journal` | hash of the version | an unfinished write, rolled back or forward on open |
+//! | `journal` | hash of the version | an unfinished write, rolled back or forward on open or by [`Store::sweep`] |
 //! | `failed` | hash of the source | a version rolled back after a crash |
 //!
 //! # What a reader sees
@@ -53,7 +53,7 @@ pub const FORMAT: u32 = 3;
 
 /// A journal entry on a shared index that has not been touched for this long belongs to
 /// a process that died: it is rolled back (or forward) by the next process that opens
-/// the index.
+/// the index, or by a running one's [`Store::sweep`] (the default of `store.stale_after_s`).
 pub const STALE_AFTER_SECS: u64 = 600;
 
 /// How many times a read is done again when other replicas keep changing what search
@@ -98,6 +98,11 @@ enum JournalEntry {
         origin: Option<Origin>,
         replaces: Vec<Version>,
     },
+    /// `version`'s writer stopped touching its entry on a shared index and another
+    /// process deleted its points, leaving the document hidden: a writer that was only
+    /// slow may still write a batch, which stays hidden. Once this entry is stale too,
+    /// the points are deleted again and the document's hidden mark goes.
+    RolledBack { version: Version },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -105,6 +110,10 @@ struct Journaled {
     entry: JournalEntry,
     /// Seconds since the epoch of the last write under this entry.
     updated: u64,
+    /// The [`Store`] that wrote the entry (a token per opened store): a writer goes on
+    /// only while the entry is still its own.
+    #[serde(default)]
+    owner: String,
 }
 
 /// A fresh token (catalog values that only need to differ from every earlier one).
@@ -158,7 +167,10 @@ fn to_payload(value: impl Serialize) -> Result<Payload> {
 /// then deleted.
 pub struct Store {
     index: Arc<dyn VectorIndex>,
+    /// Versions rolled back when the store was opened.
     recovered: Vec<Version>,
+    /// This store's mark on the journal entries it writes.
+    owner: String,
     /// Held for reading by every [`View`], for writing by every change of the hidden set.
     visibility: tokio::sync::RwLock<()>,
 }
@@ -228,9 +240,10 @@ impl Store {
         let mut store = Store {
             index,
             recovered: Vec::new(),
+            owner: token(),
             visibility: Default::default(),
         };
-        store.recover(stale_after.as_secs()).await?;
+        store.recovered = store.recover(stale_after.as_secs()).await?;
         Ok(store)
     }
 
@@ -261,6 +274,7 @@ impl Store {
         let value = serde_json::to_value(Journaled {
             entry,
             updated: now(),
+            owner: self.owner.clone(),
         })
         .map_err(Error::engine)?;
         self.index
@@ -270,11 +284,21 @@ impl Store {
         self.index.sync_catalog().await
     }
 
+    /// Rolls back or forward the writes of processes that died on a shared index: journal
+    /// entries nobody touched for `stale_after` (`store.stale_after_s`). Replicas call it
+    /// now and then, so a dead replica's half-written document does not stay hidden until
+    /// the next start. Returns the versions rolled back.
+    pub async fn sweep(&self, stale_after: std::time::Duration) -> Result<Vec<Version>> {
+        self.recover(stale_after.as_secs()).await
+    }
+
     /// Rolls unfinished writes back (a version being written) or forward (a version being
     /// published): all of them on an index only this process writes, the stale ones
-    /// ([`STALE_AFTER_SECS`]) on a shared one.
-    async fn recover(&mut self, stale_after: u64) -> Result<()> {
+    /// ([`STALE_AFTER_SECS`]) on a shared one. Returns the versions rolled back.
+    async fn recover(&self, stale_after: u64) -> Result<Vec<Version>> {
         let exclusive = self.index.exclusive();
+        let mut rolled_back = Vec::new();
+        let mut changed = false;
         for (name, value) in self.index.catalog_list("journal").await? {
             let Ok(journaled) = serde_json::from_value::<Journaled>(value) else {
                 self.index.catalog_delete("journal", &name).await?;
@@ -283,19 +307,33 @@ impl Store {
             if !exclusive && now().saturating_sub(journaled.updated) < stale_after {
                 continue; // another replica is writing it
             }
+            changed = true;
             match journaled.entry {
+                JournalEntry::Writing { version } if !exclusive => {
+                    // the writer may only be slow: its points go, its document stays
+                    // hidden (a late batch with it) until this entry is stale in turn
+                    self.index
+                        .delete(&Filter::is("document_id", &version.document_id))
+                        .await?;
+                    self.journal_write(
+                        &version,
+                        JournalEntry::RolledBack {
+                            version: version.clone(),
+                        },
+                    )
+                    .await?;
+                    self.mark_failed(&version).await?;
+                    tracing::warn!(source = %version.source, stale_after, "rolled back an ingest another process left unfinished");
+                    rolled_back.push(version);
+                    continue; // the entry stays, now as RolledBack
+                }
                 JournalEntry::Writing { version } => {
                     self.roll_back(&version).await?;
                     tracing::warn!(source = %version.source, "rolled back an interrupted ingest");
-                    self.index
-                        .catalog_put(
-                            "failed",
-                            &hash_name(&[&version.source]),
-                            serde_json::to_value(&version).map_err(Error::engine)?,
-                        )
-                        .await?;
-                    self.recovered.push(version);
+                    self.mark_failed(&version).await?;
+                    rolled_back.push(version);
                 }
+                JournalEntry::RolledBack { version } => self.roll_back(&version).await?,
                 JournalEntry::Publishing {
                     version,
                     origin,
@@ -330,12 +368,48 @@ impl Store {
             for (id, _) in self.index.catalog_list("hidden").await? {
                 if id != MIGRATING {
                     self.index.catalog_delete("hidden", &id).await?;
+                    changed = true;
                 }
             }
         }
-        self.index.flush().await?;
-        self.bump().await?;
-        self.index.sync_catalog().await
+        if changed {
+            self.index.flush().await?;
+            self.bump().await?;
+            self.index.sync_catalog().await?;
+        }
+        Ok(rolled_back)
+    }
+
+    /// Records a rolled-back version as failed (until its source is written again).
+    async fn mark_failed(&self, version: &Version) -> Result<()> {
+        self.index
+            .catalog_put(
+                "failed",
+                &hash_name(&[&version.source]),
+                serde_json::to_value(version).map_err(Error::engine)?,
+            )
+            .await
+    }
+
+    /// Fails when `version`'s journal entry is no longer this store's own write of it:
+    /// another replica took the writer for dead and rolled it back.
+    async fn check_own(&self, version: &Version) -> Result<()> {
+        let entry = self
+            .index
+            .catalog_get("journal", &journal_name(version))
+            .await?
+            .and_then(|v| serde_json::from_value::<Journaled>(v).ok());
+        match entry {
+            Some(Journaled {
+                entry: JournalEntry::Writing { .. },
+                owner,
+                ..
+            }) if owner == self.owner => Ok(()),
+            _ => Err(Error::TakenOver(format!(
+                "the ingest of {} was rolled back by another process: it wrote nothing for longer than the index's stale time (store.stale_after_s); ingest it again",
+                version.source
+            ))),
+        }
     }
 
     /// Marks a change of what search can see (see [`Self::revision`]).
@@ -605,8 +679,12 @@ impl Store {
     }
 
     /// Marks a version being written as alive (on a shared index, a journal entry left
-    /// untouched for [`STALE_AFTER_SECS`] is taken for a crashed writer's).
+    /// untouched for `store.stale_after_s` is taken for a crashed writer's); fails when
+    /// that already happened ([`Error::TakenOver`]: abort the write).
     pub async fn touch(&self, version: &Version) -> Result<()> {
+        if !self.index.exclusive() {
+            self.check_own(version).await?;
+        }
         self.journal_write(
             version,
             JournalEntry::Writing {
@@ -632,6 +710,10 @@ impl Store {
     ) -> Result<()> {
         // the new version must be durable before the journal says it is complete
         self.index.flush().await?;
+        if origin.is_none() && !self.index.exclusive() {
+            // written under `begin` on a shared index: still this store's write?
+            self.check_own(version).await?;
+        }
         self.journal_write(
             version,
             JournalEntry::Publishing {

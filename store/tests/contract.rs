@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use docent_store::edge::EdgeIndex;
+use docent_store::index;
 use docent_store::qdrant::{QdrantIndex, QdrantOptions};
 use docent_store::{
     point_id, ChunkPayload, Embedding, Fusion, FusionMethod, Identity, Origin, SearchFilter,
@@ -580,6 +581,214 @@ async fn an_interrupted_write_is_rolled_back_on_open(b: &dyn Backend) {
     assert!(reopen().await.failed().await.unwrap().is_empty());
 }
 
+/// The embedded engine as a shared index: what it holds, as a second replica of a server
+/// collection sees it (unfinished writes may be another process's, so only stale ones are
+/// rolled back). Lets the replica cases run in CI, where no server is.
+struct Shared(Arc<dyn VectorIndex>);
+
+#[async_trait::async_trait]
+impl VectorIndex for Shared {
+    fn describe(&self) -> String {
+        format!("{} (as shared)", self.0.describe())
+    }
+    fn exclusive(&self) -> bool {
+        false
+    }
+    async fn upsert(&self, points: Vec<docent_store::Point>) -> docent_store::Result<()> {
+        self.0.upsert(points).await
+    }
+    async fn delete(&self, filter: &docent_store::Filter) -> docent_store::Result<()> {
+        self.0.delete(filter).await
+    }
+    async fn set_payload(
+        &self,
+        filter: &docent_store::Filter,
+        payload: index::Payload,
+    ) -> docent_store::Result<()> {
+        self.0.set_payload(filter, payload).await
+    }
+    async fn search(
+        &self,
+        request: &index::SearchRequest,
+    ) -> docent_store::Result<Vec<index::Scored>> {
+        self.0.search(request).await
+    }
+    async fn retrieve(&self, ids: &[u64]) -> docent_store::Result<Vec<index::Record>> {
+        self.0.retrieve(ids).await
+    }
+    async fn scroll(
+        &self,
+        filter: &docent_store::Filter,
+        limit: usize,
+        offset: Option<u64>,
+    ) -> docent_store::Result<(Vec<index::Record>, Option<u64>)> {
+        self.0.scroll(filter, limit, offset).await
+    }
+    async fn scroll_points(
+        &self,
+        limit: usize,
+        offset: Option<u64>,
+    ) -> docent_store::Result<(Vec<docent_store::Point>, Option<u64>)> {
+        self.0.scroll_points(limit, offset).await
+    }
+    async fn count(&self, filter: &docent_store::Filter) -> docent_store::Result<usize> {
+        self.0.count(filter).await
+    }
+    async fn facet(
+        &self,
+        field: &'static str,
+        filter: &docent_store::Filter,
+    ) -> docent_store::Result<Vec<(String, usize)>> {
+        self.0.facet(field, filter).await
+    }
+    async fn flush(&self) -> docent_store::Result<()> {
+        self.0.flush().await
+    }
+    async fn optimize(&self) -> docent_store::Result<bool> {
+        self.0.optimize().await
+    }
+    async fn catalog_get(
+        &self,
+        kind: &str,
+        name: &str,
+    ) -> docent_store::Result<Option<serde_json::Value>> {
+        self.0.catalog_get(kind, name).await
+    }
+    async fn catalog_put(
+        &self,
+        kind: &str,
+        name: &str,
+        value: serde_json::Value,
+    ) -> docent_store::Result<()> {
+        self.0.catalog_put(kind, name, value).await
+    }
+    async fn sync_catalog(&self) -> docent_store::Result<()> {
+        self.0.sync_catalog().await
+    }
+    async fn catalog_delete(&self, kind: &str, name: &str) -> docent_store::Result<()> {
+        self.0.catalog_delete(kind, name).await
+    }
+    async fn catalog_list(
+        &self,
+        kind: &str,
+    ) -> docent_store::Result<Vec<(String, serde_json::Value)>> {
+        self.0.catalog_list(kind).await
+    }
+}
+
+/// Replicas on one shared index: a writer that stops (killed, or only stalled) for longer
+/// than the stale time is rolled back by another replica's sweep, and nothing of its
+/// version is ever shown, not even what a stalled writer writes afterwards; a writer that
+/// keeps touching its entry is left alone.
+async fn a_replica_rolls_back_a_stalled_writer_and_shows_none_of_it(b: &dyn Backend) {
+    // journal times are whole seconds: an entry is stale 1-2 s after its last touch here
+    let stale = Duration::from_secs(2);
+    let wait_stale = || tokio::time::sleep(Duration::from_millis(3100));
+    let index = b.open(3).await;
+    let shared = |i: Arc<dyn VectorIndex>| -> Arc<dyn VectorIndex> {
+        if i.exclusive() {
+            Arc::new(Shared(i))
+        } else {
+            i
+        }
+    };
+    let id = Identity::new("m", 3);
+    let writer = Store::open_with(shared(index.clone()), &id, Duration::from_secs(600))
+        .await
+        .unwrap();
+    let replica = Store::open_with(shared(b.replica(&index, 3).await), &id, stale)
+        .await
+        .unwrap();
+    let only_old = |hits: Vec<docent_store::Hit>| {
+        let docs: Vec<_> = hits
+            .iter()
+            .map(|h| h.payload.document_id.clone())
+            .filter(|d| d != "live")
+            .collect();
+        assert_eq!(docs, ["old"], "search shows the old version of /s alone");
+    };
+    writer.begin(&version("old", "/s")).await.unwrap();
+    writer
+        .upsert(vec![(payload("old", 0, "/s"), emb([1.0, 0.0, 0.0]))])
+        .await
+        .unwrap();
+    writer
+        .publish(&version("old", "/s"), None, &[])
+        .await
+        .unwrap();
+
+    // a writer that keeps touching its entry is alive: nothing is rolled back
+    let live = version("live", "/l");
+    writer.begin(&live).await.unwrap();
+    writer
+        .upsert(vec![(payload("live", 0, "/l"), emb([0.0, 1.0, 0.0]))])
+        .await
+        .unwrap();
+    writer.touch(&live).await.unwrap();
+    assert!(replica.sweep(stale).await.unwrap().is_empty());
+    writer.publish(&live, None, &[]).await.unwrap();
+
+    // a new version of /s, half written; then the writer stalls
+    let new = version("new", "/s");
+    writer.begin(&new).await.unwrap();
+    writer
+        .upsert(vec![(payload("new", 0, "/s"), emb([1.0, 0.0, 0.0]))])
+        .await
+        .unwrap();
+    writer.flush().await.unwrap();
+    assert!(
+        replica.sweep(stale).await.unwrap().is_empty(),
+        "not stale yet"
+    );
+    only_old(dense(&replica, [1.0, 0.0, 0.0], 5, &SearchFilter::default()).await);
+    wait_stale().await;
+    assert_eq!(replica.sweep(stale).await.unwrap(), vec![new.clone()]);
+    assert_eq!(replica.chunk_count("new").await.unwrap(), 0);
+    assert_eq!(replica.failed().await.unwrap(), vec![new.clone()]);
+    // the stalled writer wakes up and writes another batch: it stays hidden
+    writer
+        .upsert(vec![(payload("new", 1, "/s"), emb([1.0, 0.0, 0.0]))])
+        .await
+        .unwrap();
+    writer.flush().await.unwrap();
+    only_old(dense(&replica, [1.0, 0.0, 0.0], 5, &SearchFilter::default()).await);
+    only_old(dense(&writer, [1.0, 0.0, 0.0], 5, &SearchFilter::default()).await);
+    // and it is told, when it touches or publishes, that its write was taken over
+    let err = writer.touch(&new).await.unwrap_err();
+    assert!(matches!(err, docent_store::Error::TakenOver(_)), "{err}");
+    let err = writer
+        .publish(&new, None, std::slice::from_ref(&version("old", "/s")))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("rolled back by another process"),
+        "{err}"
+    );
+    only_old(dense(&replica, [1.0, 0.0, 0.0], 5, &SearchFilter::default()).await);
+    // had it died instead, the next stale sweep removes the late batch and the mark
+    wait_stale().await;
+    assert!(replica.sweep(stale).await.unwrap().is_empty());
+    assert_eq!(replica.chunk_count("new").await.unwrap(), 0);
+    assert!(replica
+        .index()
+        .catalog_list("journal")
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(
+        !replica
+            .index()
+            .catalog_list("hidden")
+            .await
+            .unwrap()
+            .iter()
+            .any(|(id, _)| id == "new"),
+        "the mark went with the entry"
+    );
+    assert_eq!(replica.chunk_count("old").await.unwrap(), 1);
+    assert_eq!(replica.chunk_count("live").await.unwrap(), 1);
+}
+
 async fn shared_content_is_stored_once_and_lives_while_a_source_holds_it(b: &dyn Backend) {
     let s = store(b).await;
     let doc = |src| {
@@ -905,6 +1114,7 @@ contract!(
     filters_apply_inside_the_search,
     documents_are_listed_in_pages_with_filters,
     an_interrupted_write_is_rolled_back_on_open,
+    a_replica_rolls_back_a_stalled_writer_and_shows_none_of_it,
     shared_content_is_stored_once_and_lives_while_a_source_holds_it,
     fusion_weights_favour_their_own_ranking,
     mmr_gives_way_to_other_content_and_scores_come_without_payloads,

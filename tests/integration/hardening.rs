@@ -633,25 +633,9 @@ async fn cors_is_off_by_default_and_answers_configured_origins() {
     assert!(!res.headers().contains_key("access-control-allow-origin"));
 }
 
-/// Reads the port from `docent serve`'s "docent is listening on port N" line.
-fn listening_port(stdout: std::process::ChildStdout) -> u16 {
-    use std::io::BufRead;
-    let mut lines = std::io::BufReader::new(stdout).lines();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        if let Some(p) = line.strip_prefix("docent is listening on port ") {
-            let port = p.trim().parse().unwrap();
-            // keep draining stdout so the server never blocks on it
-            std::thread::spawn(move || for _ in lines {});
-            return port;
-        }
-    }
-    panic!("docent serve ended without listening");
-}
-
 #[test]
 fn sigterm_finishes_in_flight_answers_flushes_and_exits_0_and_keys_stay_out_of_the_logs() {
-    use crate::helpers::{docent_cmd, run_ok, rust_book, OWNERSHIP};
+    use crate::helpers::{docent_cmd, listening_port, run_ok, rust_book, OWNERSHIP};
     use std::process::Stdio;
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("index");

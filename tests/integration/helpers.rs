@@ -234,3 +234,52 @@ pub async fn post_json(
         .await
         .unwrap()
 }
+
+/// The port `docent serve` printed on its stdout; stdout is drained afterwards so the
+/// server never blocks on it.
+pub fn listening_port(stdout: std::process::ChildStdout) -> u16 {
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(p) = line.strip_prefix("docent is listening on port ") {
+            let port = p.trim().parse().unwrap();
+            // keep draining stdout so the server never blocks on it
+            std::thread::spawn(move || for _ in lines {});
+            return port;
+        }
+    }
+    panic!("docent serve ended without listening");
+}
+
+/// A Qdrant server's gRPC URL from `QDRANT_URL` (`scripts/with-qdrant.sh` starts one and
+/// sets it when a server binary is built), or `None` after printing a SKIP line for `test`.
+pub fn qdrant_url(test: &str) -> Option<String> {
+    let url = std::env::var("QDRANT_URL").ok().filter(|u| !u.is_empty());
+    if url.is_none() {
+        println!("SKIP {test}: QDRANT_URL is not set (no Qdrant server to test against)");
+    }
+    url
+}
+
+/// A collection name no other test run uses.
+pub fn unique_collection(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{prefix}_{nanos}")
+}
+
+/// Drops a server collection and its catalog (a test's cleanup).
+pub async fn drop_server_collection(url: &str, collection: &str) {
+    use docent_ingest::store::qdrant::{QdrantIndex, QdrantOptions};
+    let options = QdrantOptions {
+        url: url.to_string(),
+        api_key: None,
+        collection: collection.to_string(),
+        timeout: std::time::Duration::from_secs(10),
+    };
+    if let Ok(index) = QdrantIndex::connect(&options, 1).await {
+        let _ = index.drop_collections().await;
+    }
+}

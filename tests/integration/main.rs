@@ -14,6 +14,8 @@ mod helpers;
 mod ingest;
 mod openai;
 mod parsers;
+mod replicas;
 mod safety;
+mod server_store;
 mod streaming;
 mod web;

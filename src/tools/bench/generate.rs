@@ -327,7 +327,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
     let scratch =
         std::env::temp_dir().join(format!("docent-bench-generate-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
-    let _cleanup = RemoveOnDrop(scratch.clone());
+    let _cleanup = RemoveOnDrop::Dir(scratch.clone());
     let mut report = GenerateBench {
         device: describe_device(&opts.device),
         threads: opts.threads,

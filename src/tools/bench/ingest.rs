@@ -63,7 +63,7 @@ pub fn ingest(config: &Config, corpus: &Path, peer: Option<&Peer>) -> anyhow::Re
         .map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0))
         .sum();
     let tmp = std::env::temp_dir().join(format!("docent-bench-{}", std::process::id()));
-    let _cleanup = RemoveOnDrop(tmp.clone());
+    let _cleanup = RemoveOnDrop::Dir(tmp.clone());
     let mut config = config.clone();
     config.data_dir = tmp.clone();
     let e = &config.embedding;

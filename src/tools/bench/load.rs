@@ -574,7 +574,7 @@ pub fn run(config: &Config, opts: &Options) -> anyhow::Result<bool> {
     let paragraphs = paragraphs(&opts.corpus)?;
     let tmp = std::env::temp_dir().join(format!("docent-bench-load-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
-    let _cleanup = super::RemoveOnDrop(tmp.clone());
+    let _cleanup = super::RemoveOnDrop::Dir(tmp.clone());
     let mut config = config.clone();
     config.data_dir = tmp.join("index");
     config.auth.keys = vec![ApiKey {

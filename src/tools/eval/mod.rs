@@ -1075,8 +1075,19 @@ pub fn run(
     dump: Option<&Path>,
 ) -> anyhow::Result<Evaluated> {
     let tmp = std::env::temp_dir().join(format!("docent-eval-{}", std::process::id()));
-    let cleanup = RemoveOnDrop(tmp.clone());
     let mut config = config.clone();
+    let cleanup = match config.store.kind {
+        crate::config::StoreKind::Edge => RemoveOnDrop::Dir(tmp.clone()),
+        // on a server: collections of the evaluation's own, dropped afterwards
+        crate::config::StoreKind::Qdrant => {
+            config.store.collection =
+                format!("{}_eval_{}", config.store.collection, std::process::id());
+            match config.store.location(&tmp) {
+                docent_ingest::store::Location::Qdrant(options) => RemoveOnDrop::Server(options),
+                docent_ingest::store::Location::Edge { .. } => RemoveOnDrop::Dir(tmp.clone()),
+            }
+        }
+    };
     config.data_dir = tmp;
     let index = startup::open_index_blocking(&config)?;
     let ingestor = startup::ingestor(&config, &index)?;
@@ -1528,10 +1539,37 @@ impl std::fmt::Display for EvalReport {
 }
 
 /// Removes a temporary directory when dropped.
-pub(crate) struct RemoveOnDrop(pub(crate) std::path::PathBuf);
+/// What an evaluation's temporary index is, removed when the evaluation is dropped.
+pub(crate) enum RemoveOnDrop {
+    /// An embedded index's directory.
+    Dir(std::path::PathBuf),
+    /// Collections on a Qdrant server (chunks and catalog).
+    Server(docent_ingest::store::qdrant::QdrantOptions),
+}
+
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        match self {
+            RemoveOnDrop::Dir(dir) => {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            RemoveOnDrop::Server(options) => {
+                let options = options.clone();
+                // a thread of its own: this may be dropped inside a runtime
+                let dropped = std::thread::spawn(move || {
+                    docent_ingest::store::block_on(async {
+                        docent_ingest::store::qdrant::QdrantIndex::connect(&options, 1)
+                            .await?
+                            .drop_collections()
+                            .await
+                    })
+                })
+                .join();
+                if !matches!(dropped, Ok(Ok(()))) {
+                    tracing::warn!("could not drop the evaluation's collections on the server");
+                }
+            }
+        }
     }
 }
 

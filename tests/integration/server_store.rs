@@ -1,0 +1,130 @@
+//! The server store against the embedded one (issue 31): `docent migrate` from the embedded
+//! engine to a Qdrant server and back keeps every ranking (same chunks, same order, scores
+//! within 1e-5), on the Rust Book and on XQuAD-en's passages, with their own questions.
+//!
+//! Needs a Qdrant server: `QDRANT_URL` (its gRPC URL). Without it the test prints a SKIP
+//! line and passes.
+
+use std::path::Path;
+
+use docent::config::{Config, StoreKind};
+use docent_ingest::store::SearchFilter;
+
+use crate::helpers::{
+    config, docent_cmd, drop_server_collection, qdrant_url, run_ok, rust_book, shared,
+    unique_collection,
+};
+
+/// (document id, chunk index, score) of each of the top 10 chunks, per question.
+type Rankings = Vec<Vec<(String, usize, f32)>>;
+
+fn rankings(config: &Config, questions: &[String]) -> Rankings {
+    let index = docent::server::startup::open_index_blocking(config).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut out = Vec::new();
+        for q in questions {
+            let hits = index
+                .retrieve(q, 10, &SearchFilter::default())
+                .await
+                .unwrap()
+                .hits;
+            out.push(
+                hits.into_iter()
+                    .map(|h| (h.payload.document_id, h.payload.chunk_index, h.score))
+                    .collect(),
+            );
+        }
+        out
+    })
+}
+
+/// Questions of a BEIR `queries.jsonl`, the first `n`.
+fn questions(path: &Path, n: usize) -> Vec<String> {
+    docent::tools::eval::questions(path)
+        .unwrap()
+        .into_iter()
+        .take(n)
+        .collect()
+}
+
+/// Compares two runs' rankings; returns how many questions differ (and prints each).
+fn differences(what: &str, a: &Rankings, b: &Rankings, questions: &[String]) -> usize {
+    let mut differ = 0;
+    for ((x, y), q) in a.iter().zip(b).zip(questions) {
+        let same = x.len() == y.len()
+            && x.iter()
+                .zip(y)
+                .all(|(p, r)| p.0 == r.0 && p.1 == r.1 && (p.2 - r.2).abs() <= 1e-5);
+        if !same {
+            differ += 1;
+            eprintln!("{what}: {q:?}\n  {x:?}\n  {y:?}");
+        }
+    }
+    differ
+}
+
+#[test]
+fn migrate_to_a_server_and_back_keeps_every_ranking() {
+    let Some(url) = qdrant_url("server_store") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let edge = dir.path().join("edge");
+    let back = dir.path().join("back");
+    // the corpus: the Rust Book and XQuAD-en's passages (as text files)
+    let xquad = shared().join("data/eval/xquad-en");
+    let passages = dir.path().join("xquad");
+    std::fs::create_dir_all(&passages).unwrap();
+    for (i, line) in std::fs::read_to_string(xquad.join("corpus.jsonl"))
+        .unwrap()
+        .lines()
+        .enumerate()
+    {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        std::fs::write(
+            passages.join(format!("{i:04}.txt")),
+            v["text"].as_str().unwrap(),
+        )
+        .unwrap();
+    }
+    run_ok(
+        docent_cmd(&edge)
+            .arg("ingest")
+            .arg(rust_book(""))
+            .arg(&passages),
+    );
+    let collection = unique_collection("docent_migrate");
+    run_ok(docent_cmd(&edge).args(["migrate", "--to", &url, "--collection", &collection]));
+    run_ok(
+        docent_cmd(&dir.path().join("unused"))
+            .env("DOCENT_STORE__KIND", "qdrant")
+            .env("DOCENT_STORE__URL", &url)
+            .env("DOCENT_STORE__COLLECTION", &collection)
+            .args(["migrate", "--to"])
+            .arg(&back),
+    );
+
+    let mut asked = questions(&xquad.join("queries.jsonl"), 100);
+    asked.extend(questions(
+        &crate::helpers::repo().join("eval/rust-book-natural/queries.jsonl"),
+        100,
+    ));
+    let on_edge = rankings(&config(&edge), &asked);
+    let mut server_config = config(&dir.path().join("unused"));
+    server_config.store.kind = StoreKind::Qdrant;
+    server_config.store.url = Some(url.clone());
+    server_config.store.collection = collection.clone();
+    let on_server = rankings(&server_config, &asked);
+    let on_copy = rankings(&config(&back), &asked);
+    assert!(on_edge.iter().all(|r| r.len() == 10));
+    let to_server = differences("edge → server", &on_edge, &on_server, &asked);
+    let round_trip = differences("edge → server → edge", &on_edge, &on_copy, &asked);
+    eprintln!(
+        "{} questions (100 XQuAD-en, 100 rust-book-natural), top 10 each: server differs on {to_server}, the round trip on {round_trip}",
+        asked.len()
+    );
+    docent_ingest::store::block_on(drop_server_collection(&url, &collection));
+    assert_eq!(to_server, 0, "the server ranks differently");
+    assert_eq!(round_trip, 0, "the copy back ranks differently");
+}
