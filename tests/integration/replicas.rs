@@ -245,7 +245,7 @@ async fn two_replicas_one_killed_mid_ingest_never_show_a_mixed_or_half_document(
 
     // what the readers saw: every zebra response shows exactly one whole version; the
     // half-written book never
-    let seen = seen.lock().unwrap();
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
     assert!(seen.searches > 20, "only {} searches ran", seen.searches);
     for (n, zebra) in seen.zebra.iter().enumerate() {
         assert!(zebra.len() <= 1, "search {n} mixed versions: {zebra:?}");
