@@ -6,8 +6,8 @@
 #
 # Nothing of Qdrant's enters this repository. The source folder is copied, its few git
 # dependencies are replaced by their crates.io releases (raft and raft-proto 0.7.0 for the
-# pinned raft-rs commit, tonic 0.14 for Qdrant's fork: the machines this is built on reach
-# only the package registries), and it is built with Qdrant's own `perf` profile (release
+# pinned raft-rs commit, tonic 0.14 for Qdrant's fork, whose one extra call is dropped: the
+# machines this is built on reach only the package registries), and it is built with Qdrant's own `perf` profile (release
 # without fat LTO: about an hour on 2 cores instead of several). Needs protoc (Debian's
 # protobuf-compiler). The binary lands in $QDRANT_HOME/bin/qdrant-<version>
 # (QDRANT_HOME defaults to ~/.cache/docent-qdrant), where scripts/with-qdrant.sh finds it.
@@ -38,6 +38,11 @@ assert fork in s, "the tonic fork patch not found"
 s = s.replace(fork, "")
 open(p, "w").write(s)
 PY
+    # the one call into the fork's API (an HTTP/2 reset-stream limit for internal channels
+    # between cluster peers; a single node never opens them): dropped
+    pool="$work/lib/api/src/grpc/dynamic_channel_pool.rs"
+    grep -q '.http2_max_local_error_reset_streams(None);' "$pool"
+    sed -i 's/\.connect_timeout(connection_timeout)$/.connect_timeout(connection_timeout);/; /\.http2_max_local_error_reset_streams(None);/d' "$pool"
     if grep -rn --include=Cargo.toml 'git *=' "$work" | grep -v '^\s*#'; then
         echo "qdrant-build: git dependencies left (above): this machine cannot fetch them" >&2
         exit 2

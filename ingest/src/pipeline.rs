@@ -405,13 +405,33 @@ impl Ingestor {
             Input::File(path) => load::load_file(&path)?,
             Input::Document(doc) => doc,
         };
-        let stored = block_on(self.store.stored_chunks(&doc.id, &self.fingerprint()))?;
+        let stored = self.stored_chunks(&doc.id, &self.fingerprint())?;
         let chunks = (stored == 0).then(|| self.splitter.split(&doc));
         if chunks.is_some() {
             // the chunks carry the text from here on: do not hold a big document twice
             doc.text = String::new();
         }
         Ok(Prepared { doc, chunks })
+    }
+
+    /// Chunks of a stored document made by `pipeline`; none while it is hidden (points of
+    /// a write in progress, or left by one another process rolled back, are not stored).
+    fn stored_chunks(&self, document_id: &str, pipeline: &str) -> Result<usize> {
+        if block_on(self.store.is_hidden(document_id))? {
+            return Ok(0);
+        }
+        Ok(block_on(self.store.stored_chunks(document_id, pipeline))?)
+    }
+
+    /// Removes what a failed write left, unless another process took the write over (it
+    /// rolls it back itself: same content may be another writer's by then).
+    fn give_up(&self, version: &Version, e: Error) -> Error {
+        if !matches!(e, Error::Store(docent_store::Error::TakenOver(_))) {
+            if let Err(abort) = block_on(self.store.abort(version)) {
+                warn!(error = %abort, "could not remove a partly written document");
+            }
+        }
+        e
     }
 
     /// Splits, embeds and stores one document. Unchanged content is a no-op; content
@@ -448,7 +468,7 @@ impl Ingestor {
                 source: doc.source.clone(),
             })
             .collect();
-        let stored = block_on(self.store.stored_chunks(&doc.id, &pipeline))?;
+        let stored = self.stored_chunks(&doc.id, &pipeline)?;
         let origins = block_on(self.store.origins(&doc.id))?;
         if stored > 0 {
             let known = origins.iter().find(|o| o.source == doc.source);
@@ -486,19 +506,13 @@ impl Ingestor {
             self.embed_and_store(doc, &version, chunks, &pipeline, &all_origins, on_batch)
         {
             // leave nothing of a failed document behind
-            if let Err(abort) = block_on(self.store.abort(&version)) {
-                warn!(error = %abort, "could not remove a partly written document");
-            }
-            return Err(e);
+            return Err(self.give_up(&version, e));
         }
         match block_on(self.store.publish(&version, None, &replaces)) {
             Ok(()) => {}
+            // another replica took this write for a dead one's: nothing was shown
             Err(e @ docent_store::Error::TakenOver(_)) => {
-                // another replica took this write for a dead one's: nothing was shown
-                if let Err(abort) = block_on(self.store.abort(&version)) {
-                    warn!(error = %abort, "could not remove a partly written document");
-                }
-                return Err(Error::Store(e));
+                return Err(self.give_up(&version, Error::Store(e)));
             }
             // the new version is visible; an old one may linger until the next run
             Err(e) => warn!(error = %e, "could not remove the previous version"),
@@ -548,10 +562,11 @@ impl Ingestor {
                     block_on(self.store.upsert(points))?;
                     if unflushed >= self.config.flush_every.max(1) {
                         block_on(self.store.flush())?;
-                        // still alive: other replicas must not take this write for a dead one's
-                        block_on(self.store.touch(version))?;
                         unflushed = 0;
                     }
+                    // still alive: other replicas must not take this write for a dead
+                    // one's (on a shared index: a touch every quarter of the stale time)
+                    block_on(self.store.keep_alive(version))?;
                 }
                 Ok(())
             });

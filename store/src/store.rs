@@ -110,10 +110,40 @@ struct Journaled {
     entry: JournalEntry,
     /// Seconds since the epoch of the last write under this entry.
     updated: u64,
+    /// The same in milliseconds (entries written before it existed have 0).
+    #[serde(default)]
+    updated_ms: u64,
     /// The [`Store`] that wrote the entry (a token per opened store): a writer goes on
     /// only while the entry is still its own.
     #[serde(default)]
     owner: String,
+    /// The writer's stale time, milliseconds: no other process takes the entry for a dead
+    /// writer's sooner, whatever its own setting.
+    #[serde(default)]
+    lease_ms: u64,
+}
+
+impl Journaled {
+    /// Whether the entry went untouched for `stale_after` (and for its writer's own stale
+    /// time) by now.
+    fn stale(&self, stale_after: std::time::Duration) -> bool {
+        let updated = if self.updated_ms > 0 {
+            self.updated_ms
+        } else {
+            self.updated.saturating_mul(1000)
+        };
+        let limit = (stale_after.as_millis() as u64).max(self.lease_ms);
+        now_ms().saturating_sub(updated) >= limit
+    }
+
+    /// The document the entry writes.
+    fn document_id(&self) -> &str {
+        match &self.entry {
+            JournalEntry::Writing { version }
+            | JournalEntry::Publishing { version, .. }
+            | JournalEntry::RolledBack { version } => &version.document_id,
+        }
+    }
 }
 
 /// A fresh token (catalog values that only need to differ from every earlier one).
@@ -130,10 +160,10 @@ fn token() -> String {
     ])
 }
 
-fn now() -> u64 {
+fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 pub(crate) fn hash_name(parts: &[&str]) -> String {
@@ -171,6 +201,14 @@ pub struct Store {
     recovered: Vec<Version>,
     /// This store's mark on the journal entries it writes.
     owner: String,
+    /// How long a journal entry on a shared index may go untouched before other processes
+    /// take its writer for dead.
+    stale_after: std::time::Duration,
+    /// When each of this store's writes last wrote its journal entry (journal name →
+    /// the moment before that write was sent): its lease. A writer stops on its own
+    /// once half of `stale_after` has passed without one, well before any other process
+    /// may take over, so its writes never overlap a rollback.
+    leases: std::sync::Mutex<HashMap<String, std::time::Instant>>,
     /// Held for reading by every [`View`], for writing by every change of the hidden set.
     visibility: tokio::sync::RwLock<()>,
 }
@@ -241,9 +279,11 @@ impl Store {
             index,
             recovered: Vec::new(),
             owner: token(),
+            stale_after,
+            leases: Default::default(),
             visibility: Default::default(),
         };
-        store.recovered = store.recover(stale_after.as_secs()).await?;
+        store.recovered = store.recover(stale_after).await?;
         Ok(store)
     }
 
@@ -271,17 +311,52 @@ impl Store {
     }
 
     async fn journal_write(&self, v: &Version, entry: JournalEntry) -> Result<()> {
+        let sent = std::time::Instant::now();
+        let ms = now_ms();
         let value = serde_json::to_value(Journaled {
             entry,
-            updated: now(),
+            updated: ms / 1000,
+            updated_ms: ms,
             owner: self.owner.clone(),
+            lease_ms: self.stale_after.as_millis() as u64,
         })
         .map_err(Error::engine)?;
-        self.index
-            .catalog_put("journal", &journal_name(v), value)
-            .await?;
+        let name = journal_name(v);
+        self.index.catalog_put("journal", &name, value).await?;
         // a journal entry must outlive a power cut: it is what recovery goes by
-        self.index.sync_catalog().await
+        self.index.sync_catalog().await?;
+        self.leases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name, sent);
+        Ok(())
+    }
+
+    fn end_lease(&self, version: &Version) {
+        self.leases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&journal_name(version));
+    }
+
+    /// Fails when this store's write of `version` went longer than half the stale time
+    /// without writing its journal entry (see `leases`): another process may soon take it
+    /// for a dead writer's.
+    fn check_lease(&self, version: &Version) -> Result<()> {
+        let last = self
+            .leases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&journal_name(version))
+            .copied();
+        match last {
+            Some(t) if t.elapsed() < self.stale_after / 2 => Ok(()),
+            _ => Err(Error::TakenOver(format!(
+                "the ingest of {} stopped: it wrote nothing for half of the index's stale time (store.stale_after_s = {} s), after which another process may roll it back; ingest it again",
+                version.source,
+                self.stale_after.as_secs()
+            ))),
+        }
     }
 
     /// Rolls back or forward the writes of processes that died on a shared index: journal
@@ -289,32 +364,43 @@ impl Store {
     /// now and then, so a dead replica's half-written document does not stay hidden until
     /// the next start. Returns the versions rolled back.
     pub async fn sweep(&self, stale_after: std::time::Duration) -> Result<Vec<Version>> {
-        self.recover(stale_after.as_secs()).await
+        self.recover(stale_after).await
     }
 
     /// Rolls unfinished writes back (a version being written) or forward (a version being
     /// published): all of them on an index only this process writes, the stale ones
     /// ([`STALE_AFTER_SECS`]) on a shared one. Returns the versions rolled back.
-    async fn recover(&self, stale_after: u64) -> Result<Vec<Version>> {
+    async fn recover(&self, stale_after: std::time::Duration) -> Result<Vec<Version>> {
         let exclusive = self.index.exclusive();
         let mut rolled_back = Vec::new();
         let mut changed = false;
-        for (name, value) in self.index.catalog_list("journal").await? {
-            let Ok(journaled) = serde_json::from_value::<Journaled>(value) else {
-                self.index.catalog_delete("journal", &name).await?;
+        for (name, _) in self.index.catalog_list("journal").await? {
+            // read again: the list may be old by now (a writer touched or finished since)
+            let Some(value) = self.index.catalog_get("journal", &name).await? else {
                 continue;
             };
-            if !exclusive && now().saturating_sub(journaled.updated) < stale_after {
+            let Ok(journaled) = serde_json::from_value::<Journaled>(value) else {
+                self.index.catalog_delete("journal", &name).await?;
+                changed = true;
+                continue;
+            };
+            if !exclusive && !journaled.stale(stale_after) {
                 continue; // another replica is writing it
             }
             changed = true;
+            // Points of a document are deleted only while it is hidden and no other
+            // write names it: same content is the same document, so another source's
+            // writer may be writing it, or may have shown it since.
+            let sole = exclusive || self.sole_writer(&name, journaled.document_id()).await?;
             match journaled.entry {
                 JournalEntry::Writing { version } if !exclusive => {
                     // the writer may only be slow: its points go, its document stays
                     // hidden (a late batch with it) until this entry is stale in turn
-                    self.index
-                        .delete(&Filter::is("document_id", &version.document_id))
-                        .await?;
+                    if sole {
+                        self.index
+                            .delete(&Filter::is("document_id", &version.document_id))
+                            .await?;
+                    }
                     self.journal_write(
                         &version,
                         JournalEntry::RolledBack {
@@ -323,7 +409,7 @@ impl Store {
                     )
                     .await?;
                     self.mark_failed(&version).await?;
-                    tracing::warn!(source = %version.source, stale_after, "rolled back an ingest another process left unfinished");
+                    tracing::warn!(source = %version.source, stale_after_s = stale_after.as_secs(), "rolled back an ingest another process left unfinished");
                     rolled_back.push(version);
                     continue; // the entry stays, now as RolledBack
                 }
@@ -333,7 +419,11 @@ impl Store {
                     self.mark_failed(&version).await?;
                     rolled_back.push(version);
                 }
-                JournalEntry::RolledBack { version } => self.roll_back(&version).await?,
+                JournalEntry::RolledBack { version } => {
+                    if sole {
+                        self.roll_back(&version).await?;
+                    }
+                }
                 JournalEntry::Publishing {
                     version,
                     origin,
@@ -378,6 +468,23 @@ impl Store {
             self.index.sync_catalog().await?;
         }
         Ok(rolled_back)
+    }
+
+    /// Whether `document_id` is hidden and no journal entry but `name` writes it.
+    async fn sole_writer(&self, name: &str, document_id: &str) -> Result<bool> {
+        let hidden = self.index.catalog_list("hidden").await?;
+        if !hidden.iter().any(|(id, _)| id == document_id) {
+            return Ok(false); // shown since: someone published it
+        }
+        for (other, value) in self.index.catalog_list("journal").await? {
+            if other != name
+                && serde_json::from_value::<Journaled>(value)
+                    .is_ok_and(|j| j.document_id() == document_id)
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Records a rolled-back version as failed (until its source is written again).
@@ -630,6 +737,16 @@ impl Store {
         }
     }
 
+    /// Whether a document is hidden from search (being written, deleted, or left by a
+    /// write another process rolled back): its points are not a stored document.
+    pub async fn is_hidden(&self, document_id: &str) -> Result<bool> {
+        Ok(self
+            .index
+            .catalog_get("hidden", document_id)
+            .await?
+            .is_some())
+    }
+
     /// Number of chunks of a document made by `pipeline`.
     pub async fn stored_chunks(&self, document_id: &str, pipeline: &str) -> Result<usize> {
         self.index
@@ -680,9 +797,10 @@ impl Store {
 
     /// Marks a version being written as alive (on a shared index, a journal entry left
     /// untouched for `store.stale_after_s` is taken for a crashed writer's); fails when
-    /// that already happened ([`Error::TakenOver`]: abort the write).
+    /// that already happened, or may soon ([`Error::TakenOver`]: stop writing it).
     pub async fn touch(&self, version: &Version) -> Result<()> {
         if !self.index.exclusive() {
+            self.check_lease(version)?;
             self.check_own(version).await?;
         }
         self.journal_write(
@@ -692,6 +810,26 @@ impl Store {
             },
         )
         .await
+    }
+
+    /// [`Self::touch`] when a quarter of the stale time has passed since the last one
+    /// (call it after every batch); on a shared index, fails once the write's lease has
+    /// run out ([`Error::TakenOver`]). Nothing to do on an exclusive index.
+    pub async fn keep_alive(&self, version: &Version) -> Result<()> {
+        if self.index.exclusive() {
+            return Ok(());
+        }
+        self.check_lease(version)?;
+        let due = self
+            .leases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&journal_name(version))
+            .is_none_or(|t| t.elapsed() >= self.stale_after / 4);
+        if due {
+            self.touch(version).await?;
+        }
+        Ok(())
     }
 
     /// Makes `version` what its source shows, in one step for readers: shows the document
@@ -711,7 +849,9 @@ impl Store {
         // the new version must be durable before the journal says it is complete
         self.index.flush().await?;
         if origin.is_none() && !self.index.exclusive() {
-            // written under `begin` on a shared index: still this store's write?
+            // written under `begin` on a shared index: still this store's write, with
+            // time left before anyone may take it over?
+            self.check_lease(version)?;
             self.check_own(version).await?;
         }
         self.journal_write(
@@ -780,6 +920,7 @@ impl Store {
             self.index
                 .catalog_delete("journal", &journal_name(version))
                 .await?;
+            self.end_lease(version);
         }
         self.index
             .catalog_delete("failed", &hash_name(&[&version.source]))
@@ -790,6 +931,7 @@ impl Store {
 
     /// Deletes a version that could not be written completely.
     pub async fn abort(&self, version: &Version) -> Result<()> {
+        self.end_lease(version);
         self.roll_back(version).await?;
         self.index
             .catalog_delete("journal", &journal_name(version))

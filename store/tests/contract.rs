@@ -679,11 +679,11 @@ impl VectorIndex for Shared {
 /// Replicas on one shared index: a writer that stops (killed, or only stalled) for longer
 /// than the stale time is rolled back by another replica's sweep, and nothing of its
 /// version is ever shown, not even what a stalled writer writes afterwards; a writer that
-/// keeps touching its entry is left alone.
+/// keeps its entry alive is left alone; and the cleanup never takes a document that
+/// another source's writer published meanwhile (same content, same document).
 async fn a_replica_rolls_back_a_stalled_writer_and_shows_none_of_it(b: &dyn Backend) {
-    // journal times are whole seconds: an entry is stale 1-2 s after its last touch here
     let stale = Duration::from_secs(2);
-    let wait_stale = || tokio::time::sleep(Duration::from_millis(3100));
+    let wait = |ms| tokio::time::sleep(Duration::from_millis(ms));
     let index = b.open(3).await;
     let shared = |i: Arc<dyn VectorIndex>| -> Arc<dyn VectorIndex> {
         if i.exclusive() {
@@ -693,7 +693,7 @@ async fn a_replica_rolls_back_a_stalled_writer_and_shows_none_of_it(b: &dyn Back
         }
     };
     let id = Identity::new("m", 3);
-    let writer = Store::open_with(shared(index.clone()), &id, Duration::from_secs(600))
+    let writer = Store::open_with(shared(index.clone()), &id, stale)
         .await
         .unwrap();
     let replica = Store::open_with(shared(b.replica(&index, 3).await), &id, stale)
@@ -717,15 +717,21 @@ async fn a_replica_rolls_back_a_stalled_writer_and_shows_none_of_it(b: &dyn Back
         .await
         .unwrap();
 
-    // a writer that keeps touching its entry is alive: nothing is rolled back
+    // a writer that keeps its entry alive is left alone, however long it writes
     let live = version("live", "/l");
     writer.begin(&live).await.unwrap();
-    writer
-        .upsert(vec![(payload("live", 0, "/l"), emb([0.0, 1.0, 0.0]))])
-        .await
-        .unwrap();
-    writer.touch(&live).await.unwrap();
-    assert!(replica.sweep(stale).await.unwrap().is_empty());
+    for i in 0..4 {
+        wait(600).await;
+        writer
+            .upsert(vec![(payload("live", i, "/l"), emb([0.0, 1.0, 0.0]))])
+            .await
+            .unwrap();
+        writer.keep_alive(&live).await.unwrap();
+    }
+    assert!(
+        replica.sweep(stale).await.unwrap().is_empty(),
+        "alive after 2.4 s"
+    );
     writer.publish(&live, None, &[]).await.unwrap();
 
     // a new version of /s, half written; then the writer stalls
@@ -741,11 +747,19 @@ async fn a_replica_rolls_back_a_stalled_writer_and_shows_none_of_it(b: &dyn Back
         "not stale yet"
     );
     only_old(dense(&replica, [1.0, 0.0, 0.0], 5, &SearchFilter::default()).await);
-    wait_stale().await;
+    wait(1100).await;
+    // past half the stale time the writer stops on its own, before anyone may take over
+    let err = writer.keep_alive(&new).await.unwrap_err();
+    assert!(matches!(err, docent_store::Error::TakenOver(_)), "{err}");
+    assert!(
+        replica.sweep(stale).await.unwrap().is_empty(),
+        "not stale yet"
+    );
+    wait(1000).await;
     assert_eq!(replica.sweep(stale).await.unwrap(), vec![new.clone()]);
     assert_eq!(replica.chunk_count("new").await.unwrap(), 0);
     assert_eq!(replica.failed().await.unwrap(), vec![new.clone()]);
-    // the stalled writer wakes up and writes another batch: it stays hidden
+    // a stalled writer that wakes up and writes another batch: it stays hidden
     writer
         .upsert(vec![(payload("new", 1, "/s"), emb([1.0, 0.0, 0.0]))])
         .await
@@ -760,33 +774,61 @@ async fn a_replica_rolls_back_a_stalled_writer_and_shows_none_of_it(b: &dyn Back
         .publish(&new, None, std::slice::from_ref(&version("old", "/s")))
         .await
         .unwrap_err();
-    assert!(
-        err.to_string().contains("rolled back by another process"),
-        "{err}"
-    );
+    assert!(matches!(err, docent_store::Error::TakenOver(_)), "{err}");
     only_old(dense(&replica, [1.0, 0.0, 0.0], 5, &SearchFilter::default()).await);
     // had it died instead, the next stale sweep removes the late batch and the mark
-    wait_stale().await;
+    wait(2100).await;
     assert!(replica.sweep(stale).await.unwrap().is_empty());
     assert_eq!(replica.chunk_count("new").await.unwrap(), 0);
+    let journal = replica.index().catalog_list("journal").await.unwrap();
+    assert!(journal.is_empty(), "{journal:?}");
+    assert!(
+        !replica.is_hidden("new").await.unwrap(),
+        "the mark went with the entry"
+    );
+    assert_eq!(replica.chunk_count("old").await.unwrap(), 1);
+    assert_eq!(replica.chunk_count("live").await.unwrap(), 4);
+
+    // the same content stalls again under /s, and another source's writer (the replica)
+    // writes and publishes it before the rollback is finished: that version is kept
+    writer.begin(&new).await.unwrap();
+    writer
+        .upsert(vec![(payload("new", 0, "/s"), emb([1.0, 0.0, 0.0]))])
+        .await
+        .unwrap();
+    wait(2100).await;
+    assert_eq!(replica.sweep(stale).await.unwrap(), vec![new.clone()]);
+    let copy = version("new", "/t");
+    replica.begin(&copy).await.unwrap();
+    replica
+        .upsert(
+            (0..2)
+                .map(|i| (payload("new", i, "/t"), emb([0.0, 0.0, 1.0])))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    replica.publish(&copy, None, &[]).await.unwrap();
+    wait(2100).await;
+    assert!(replica.sweep(stale).await.unwrap().is_empty());
+    assert_eq!(
+        replica.chunk_count("new").await.unwrap(),
+        2,
+        "the published copy stays"
+    );
+    let hits = dense(&writer, [0.0, 0.0, 1.0], 5, &SearchFilter::default()).await;
+    assert_eq!(
+        hits.iter()
+            .filter(|h| h.payload.document_id == "new")
+            .count(),
+        2
+    );
     assert!(replica
         .index()
         .catalog_list("journal")
         .await
         .unwrap()
         .is_empty());
-    assert!(
-        !replica
-            .index()
-            .catalog_list("hidden")
-            .await
-            .unwrap()
-            .iter()
-            .any(|(id, _)| id == "new"),
-        "the mark went with the entry"
-    );
-    assert_eq!(replica.chunk_count("old").await.unwrap(), 1);
-    assert_eq!(replica.chunk_count("live").await.unwrap(), 1);
 }
 
 async fn shared_content_is_stored_once_and_lives_while_a_source_holds_it(b: &dyn Backend) {

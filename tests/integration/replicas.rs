@@ -20,8 +20,10 @@ use crate::helpers::{
     qdrant_url, rust_book, unique_collection,
 };
 
-/// Seconds a silent ingest may go untouched before the other replica rolls it back.
-const STALE_AFTER_S: u64 = 3;
+/// Seconds a silent ingest may go untouched before the other replica rolls it back (a
+/// live writer touches its entry every quarter of it and stops on its own after half:
+/// long enough for one batch on a loaded machine).
+const STALE_AFTER_S: u64 = 12;
 
 struct Replica {
     child: Child,
@@ -108,6 +110,32 @@ async fn wait_done(c: &reqwest::Client, base: &str, id: &str) -> Value {
     }
 }
 
+/// Waits until the job has written batches of its document (hidden), and a little more.
+async fn wait_written(c: &reqwest::Client, base: &str, job_id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let j = job(c, base, job_id).await;
+        assert_ne!(j["status"], "done", "ingested before the interruption: {j}");
+        assert_ne!(j["status"], "failed", "{j}");
+        if j["documents"][0]["chunks"].as_u64().unwrap_or(0) > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the ingest never started: {j}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // the count moves when a batch is embedded; its write follows
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+}
+
+/// Sends SIGSTOP, SIGCONT, … to a child process.
+fn signal(child: &Child, name: &str) {
+    let sent = std::process::Command::new("kill")
+        .args([format!("-{name}"), child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill -{name}");
+}
+
 /// What readers saw: for each response, the document ids of the zebra notes it held and
 /// how many chunks of each; and every document id seen at all.
 #[derive(Default)]
@@ -182,31 +210,7 @@ async fn two_replicas_one_killed_mid_ingest_never_show_a_mixed_or_half_document(
     }
     let acknowledged = versions.keys().last().unwrap().clone();
 
-    // Phase 2: a large document, killed in the middle of its ingest.
-    let book: String = walk_markdown(&rust_book(""))
-        .into_iter()
-        .map(|p| std::fs::read_to_string(p).unwrap())
-        .collect();
-    let (job_id, big) = upload(&c, &writer.base, "book.md", book).await;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let j = job(&c, &writer.base, &job_id).await;
-        assert_ne!(
-            j["status"], "done",
-            "the book was ingested before the kill: {j}"
-        );
-        if j["documents"][0]["chunks"].as_u64().unwrap_or(0) > 0 {
-            break; // batches of it are in the collection, hidden
-        }
-        assert!(Instant::now() < deadline, "the ingest never started: {j}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    writer.child.kill().unwrap(); // SIGKILL
-    writer.child.wait().unwrap();
-    let killed_at = Instant::now();
-
-    // the other replica rolls it back once it is stale (and removes what is left once the
-    // rollback itself is stale); meanwhile it keeps answering
+    // This process's own view of the collection, to watch the catalog.
     let scratch = tempfile::tempdir().unwrap();
     let mut c_config = config(scratch.path());
     c_config.store.kind = docent::config::StoreKind::Qdrant;
@@ -218,6 +222,56 @@ async fn two_replicas_one_killed_mid_ingest_never_show_a_mixed_or_half_document(
     .await
     .unwrap();
     let store = index.store.clone();
+    let book: String = walk_markdown(&rust_book(""))
+        .into_iter()
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect();
+
+    // Phase 2: the writer is stopped (SIGSTOP) in the middle of a large ingest for longer
+    // than the stale time. The other replica rolls it back; woken up (SIGCONT), the writer
+    // finds its write taken over and fails the job. Nothing of it is ever shown.
+    let (job_id, big) = upload(&c, &writer.base, "book.md", book.clone()).await;
+    wait_written(&c, &writer.base, &job_id).await;
+    signal(&writer.child, "STOP");
+    let stopped_at = Instant::now();
+    loop {
+        let journal = store.index().catalog_list("journal").await.unwrap();
+        if journal
+            .iter()
+            .any(|(_, v)| v["entry"]["rolled_back"]["version"]["document_id"] == big.as_str())
+        {
+            break;
+        }
+        assert!(
+            stopped_at.elapsed() < Duration::from_secs(60),
+            "the stopped writer's ingest was not taken over: {journal:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let taken_over = stopped_at.elapsed();
+    assert_eq!(store.chunk_count(&big).await.unwrap(), 0);
+    signal(&writer.child, "CONT");
+    let j = wait_done(&c, &writer.base, &job_id).await;
+    assert_eq!(j["status"], "failed", "{j}");
+    eprintln!(
+        "stopped mid-ingest: taken over by the other replica after {:.1} s; woken up, the writer failed the job: {}",
+        taken_over.as_secs_f64(),
+        j["documents"][0]["error"]
+    );
+    assert!(
+        taken_over >= Duration::from_secs(STALE_AFTER_S - 1),
+        "taken over before the writer was stale"
+    );
+
+    // Phase 3: the same ingest again, and the writer killed (SIGKILL) in the middle of it.
+    let (job_id, again) = upload(&c, &writer.base, "book.md", book).await;
+    assert_eq!(again, big, "the same content is the same document");
+    wait_written(&c, &writer.base, &job_id).await;
+    writer.child.kill().unwrap();
+    writer.child.wait().unwrap();
+    let killed_at = Instant::now();
+    // the other replica rolls it back once it is stale, and removes what is left once the
+    // rollback itself is stale; meanwhile it keeps answering
     let rolled_back = loop {
         let journal = store.index().catalog_list("journal").await.unwrap();
         let chunks = store.chunk_count(&big).await.unwrap();
@@ -225,18 +279,14 @@ async fn two_replicas_one_killed_mid_ingest_never_show_a_mixed_or_half_document(
             break killed_at.elapsed();
         }
         assert!(
-            killed_at.elapsed() < Duration::from_secs(60),
-            "not rolled back after 60 s: {journal:?}, {chunks} chunks"
+            killed_at.elapsed() < Duration::from_secs(120),
+            "not rolled back after 120 s: {journal:?}, {chunks} chunks"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     eprintln!(
-        "killed mid-ingest; rolled back by the other replica after {:.1} s",
+        "killed mid-ingest; rolled back and cleaned up by the other replica after {:.1} s",
         rolled_back.as_secs_f64()
-    );
-    assert!(
-        rolled_back >= Duration::from_secs(STALE_AFTER_S - 1),
-        "not before the writer was stale"
     );
     stop.store(true, Ordering::SeqCst);
     for r in readers {
