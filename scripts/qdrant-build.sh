@@ -6,8 +6,9 @@
 #
 # Nothing of Qdrant's enters this repository. The source folder is copied, its few git
 # dependencies are replaced by their crates.io releases (raft and raft-proto 0.7.0 for the
-# pinned raft-rs commit, tonic 0.14 for Qdrant's fork, whose one extra call is dropped: the
-# machines this is built on reach only the package registries), and it is built with Qdrant's own `perf` profile (release
+# pinned raft-rs commit, tonic 0.14 for Qdrant's fork; two calls into what only those forks
+# have are replaced: the machines this is built on reach only the package registries), and
+# it is built with Qdrant's own `perf` profile (release
 # without fat LTO: about an hour on 2 cores instead of several). Needs protoc (Debian's
 # protobuf-compiler). The binary lands in $QDRANT_HOME/bin/qdrant-<version>
 # (QDRANT_HOME defaults to ~/.cache/docent-qdrant), where scripts/with-qdrant.sh finds it.
@@ -43,6 +44,12 @@ PY
     pool="$work/lib/api/src/grpc/dynamic_channel_pool.rs"
     grep -q '.http2_max_local_error_reset_streams(None);' "$pool"
     sed -i 's/\.connect_timeout(connection_timeout)$/.connect_timeout(connection_timeout);/; /\.http2_max_local_error_reset_streams(None);/d' "$pool"
+    # raft-rs's pinned commit adds `protocompat` (one size helper over both codecs); the
+    # 0.7.0 release lacks it: the entry's size is prost's encoded length (the same bytes)
+    wal="$work/lib/storage/src/content_manager/consensus/consensus_wal.rs"
+    grep -q 'use raft::protocompat::PbMessageExt as _;' "$wal"
+    sed -i '/use raft::protocompat::PbMessageExt as _;/d; s/entry\.compute_size()\.into()/Message::encoded_len(\&entry) as u64/' "$wal"
+    grep -q 'Message::encoded_len(&entry) as u64' "$wal"
     if grep -rn --include=Cargo.toml 'git *=' "$work" | grep -v '^\s*#'; then
         echo "qdrant-build: git dependencies left (above): this machine cannot fetch them" >&2
         exit 2

@@ -931,6 +931,11 @@ async fn migrate(
         docent_ingest::store::migrate::copy(&**index.store.index(), &*destination, batch, &bar)
             .await?;
     bar.0.finish_and_clear();
+    // as after an ingest: the embedded engine builds its vector index when told (a server's
+    // optimizer does it on its own)
+    if destination.optimize().await? {
+        println!("built the target's vector index");
+    }
     println!(
         "copied {} chunks{}; the target holds {} chunks. Point [store] at it to use it.",
         copied.points,

@@ -140,6 +140,8 @@ impl Index {
                     SearchMode::Sparse => sparse.clone(),
                     SearchMode::Hybrid => self.fusion.fuse(&dense, &sparse),
                 };
+                // ties in the engine's own order differ between engines: by id
+                docent_ingest::store::rank_order(&mut ranked);
                 ranked.truncate(top_k);
                 view.hits(&ranked).await?
             };

@@ -248,9 +248,15 @@ impl Fusion {
                 }
             }
         }
-        fused.sort_by(|a, b| b.1.total_cmp(&a.1));
+        rank_order(&mut fused);
         fused
     }
+}
+
+/// Sorts `(point id, score)` best first; equal scores by point id, so that every engine
+/// (and a copy of an index on another one) gives the same order where scores tie.
+pub fn rank_order(list: &mut [(u64, f32)]) {
+    list.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
 }
 
 /// Mean ∓ 3 sample standard deviations of a list's scores (Welford, in f32 as the engine

@@ -538,14 +538,26 @@ async fn documents_are_listed_in_pages_with_filters(b: &dyn Backend) {
 }
 
 async fn an_interrupted_write_is_rolled_back_on_open(b: &dyn Backend) {
-    // a writer that stopped touching its journal entry is dead, at once here
+    // a writer that stopped touching its journal entry is dead, at once for the process
+    // that opens the index next here
     let reopen = || async {
         Store::open_with(b.open(3).await, &Identity::new("m", 3), Duration::ZERO)
             .await
             .unwrap()
     };
+    // a writer with a stale time of 1 s (its entries are stale after that, whatever the
+    // opener's setting; a stale time of zero would leave it no time to write)
+    let writer = || async {
+        Store::open_with(
+            b.open(3).await,
+            &Identity::new("m", 3),
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap()
+    };
     {
-        let s = reopen().await;
+        let s = writer().await;
         s.begin(&version("old", "/s")).await.unwrap();
         s.upsert(vec![(payload("old", 0, "/s"), emb([1.0, 0.0, 0.0]))])
             .await
@@ -562,6 +574,7 @@ async fn an_interrupted_write_is_rolled_back_on_open(b: &dyn Backend) {
         assert_eq!(hits.len(), 1);
         assert_eq!(hits[0].payload.document_id, "old");
     }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     let s = reopen().await;
     assert_eq!(s.recovered(), &[version("new", "/s")]);
     assert_eq!(s.chunk_count("new").await.unwrap(), 0);
@@ -572,6 +585,8 @@ async fn an_interrupted_write_is_rolled_back_on_open(b: &dyn Backend) {
     assert!(s.recovered().is_empty());
     assert_eq!(s.failed().await.unwrap(), vec![version("new", "/s")]);
     // until its source is written again
+    drop(s);
+    let s = writer().await;
     s.begin(&version("newer", "/s")).await.unwrap();
     s.publish(&version("newer", "/s"), None, &[version("old", "/s")])
         .await

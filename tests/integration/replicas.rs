@@ -117,7 +117,7 @@ async fn wait_written(c: &reqwest::Client, base: &str, job_id: &str) {
         let j = job(c, base, job_id).await;
         assert_ne!(j["status"], "done", "ingested before the interruption: {j}");
         assert_ne!(j["status"], "failed", "{j}");
-        if j["documents"][0]["chunks"].as_u64().unwrap_or(0) > 0 {
+        if j["documents"][0]["chunks_done"].as_u64().unwrap_or(0) > 0 {
             break;
         }
         assert!(Instant::now() < deadline, "the ingest never started: {j}");
