@@ -697,8 +697,10 @@ impl VectorIndex for Shared {
 /// keeps its entry alive is left alone; and the cleanup never takes a document that
 /// another source's writer published meanwhile (same content, same document).
 async fn a_replica_rolls_back_a_stalled_writer_and_shows_none_of_it(b: &dyn Backend) {
-    let stale = Duration::from_secs(2);
-    let wait = |ms| tokio::time::sleep(Duration::from_millis(ms));
+    // long enough for a write to the server beside the CPU-burning stress case
+    let stale = Duration::from_secs(6);
+    // waits in fractions of the stale time
+    let wait = |f: f64| tokio::time::sleep(stale.mul_f64(f));
     let index = b.open(3).await;
     let shared = |i: Arc<dyn VectorIndex>| -> Arc<dyn VectorIndex> {
         if i.exclusive() {
@@ -736,7 +738,7 @@ async fn a_replica_rolls_back_a_stalled_writer_and_shows_none_of_it(b: &dyn Back
     let live = version("live", "/l");
     writer.begin(&live).await.unwrap();
     for i in 0..4 {
-        wait(600).await;
+        wait(0.27).await; // a touch is due after a quarter, the lease ends at a half
         writer
             .upsert(vec![(payload("live", i, "/l"), emb([0.0, 1.0, 0.0]))])
             .await
@@ -745,7 +747,7 @@ async fn a_replica_rolls_back_a_stalled_writer_and_shows_none_of_it(b: &dyn Back
     }
     assert!(
         replica.sweep(stale).await.unwrap().is_empty(),
-        "alive after 2.4 s"
+        "alive after more than the stale time"
     );
     writer.publish(&live, None, &[]).await.unwrap();
 
@@ -762,7 +764,7 @@ async fn a_replica_rolls_back_a_stalled_writer_and_shows_none_of_it(b: &dyn Back
         "not stale yet"
     );
     only_old(dense(&replica, [1.0, 0.0, 0.0], 5, &SearchFilter::default()).await);
-    wait(1100).await;
+    wait(0.55).await;
     // past half the stale time the writer stops on its own, before anyone may take over
     let err = writer.keep_alive(&new).await.unwrap_err();
     assert!(matches!(err, docent_store::Error::TakenOver(_)), "{err}");
@@ -770,7 +772,7 @@ async fn a_replica_rolls_back_a_stalled_writer_and_shows_none_of_it(b: &dyn Back
         replica.sweep(stale).await.unwrap().is_empty(),
         "not stale yet"
     );
-    wait(1000).await;
+    wait(0.5).await;
     assert_eq!(replica.sweep(stale).await.unwrap(), vec![new.clone()]);
     assert_eq!(replica.chunk_count("new").await.unwrap(), 0);
     assert_eq!(replica.failed().await.unwrap(), vec![new.clone()]);
@@ -792,7 +794,7 @@ async fn a_replica_rolls_back_a_stalled_writer_and_shows_none_of_it(b: &dyn Back
     assert!(matches!(err, docent_store::Error::TakenOver(_)), "{err}");
     only_old(dense(&replica, [1.0, 0.0, 0.0], 5, &SearchFilter::default()).await);
     // had it died instead, the next stale sweep removes the late batch and the mark
-    wait(2100).await;
+    wait(1.05).await;
     assert!(replica.sweep(stale).await.unwrap().is_empty());
     assert_eq!(replica.chunk_count("new").await.unwrap(), 0);
     let journal = replica.index().catalog_list("journal").await.unwrap();
@@ -811,7 +813,7 @@ async fn a_replica_rolls_back_a_stalled_writer_and_shows_none_of_it(b: &dyn Back
         .upsert(vec![(payload("new", 0, "/s"), emb([1.0, 0.0, 0.0]))])
         .await
         .unwrap();
-    wait(2100).await;
+    wait(1.05).await;
     assert_eq!(replica.sweep(stale).await.unwrap(), vec![new.clone()]);
     let copy = version("new", "/t");
     replica.begin(&copy).await.unwrap();
@@ -824,7 +826,7 @@ async fn a_replica_rolls_back_a_stalled_writer_and_shows_none_of_it(b: &dyn Back
         .await
         .unwrap();
     replica.publish(&copy, None, &[]).await.unwrap();
-    wait(2100).await;
+    wait(1.05).await;
     assert!(replica.sweep(stale).await.unwrap().is_empty());
     assert_eq!(
         replica.chunk_count("new").await.unwrap(),
