@@ -128,7 +128,6 @@ pub struct Application {
     engine: Arc<QueryEngine>,
     documents: web::Data<crate::server::routes::documents::Documents>,
     shutdown_timeout: Duration,
-    stale_after: Duration,
 }
 
 /// Refuses an address anyone on the network could reach while no key protects it.
@@ -222,7 +221,6 @@ impl Application {
             engine,
             documents,
             shutdown_timeout: Duration::from_secs(s.shutdown_timeout_s),
-            stale_after: config.store.stale_after(),
         })
     }
 
@@ -250,7 +248,7 @@ impl Application {
         });
         let store = &self.engine.index.store;
         let shared = !store.index().exclusive();
-        let sweeper = shared.then(|| tokio::spawn(sweep(store.clone(), self.stale_after)));
+        let sweeper = shared.then(|| tokio::spawn(sweep(store.clone())));
         self.server.await?;
         signals.abort();
         if let Some(sweeper) = sweeper {
@@ -268,15 +266,15 @@ impl Application {
 }
 
 /// On a shared store, rolls back what dead replicas left half written, looking every
-/// quarter of `stale_after` (at most every minute, at least every second).
-async fn sweep(store: Arc<Store>, stale_after: Duration) {
-    let every = (stale_after / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
+/// quarter of its stale time (at most every minute, at least every second).
+async fn sweep(store: Arc<Store>) {
+    let every = (store.stale_after() / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         // each rollback is logged by the store
-        if let Err(e) = store.sweep(stale_after).await {
+        if let Err(e) = store.sweep().await {
             tracing::warn!(error = %e, "could not check for unfinished ingests");
         }
     }

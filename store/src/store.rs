@@ -360,11 +360,17 @@ impl Store {
     }
 
     /// Rolls back or forward the writes of processes that died on a shared index: journal
-    /// entries nobody touched for `stale_after` (`store.stale_after_s`). Replicas call it
+    /// entries nobody touched for the stale time the store was opened with
+    /// (`store.stale_after_s`). Replicas call it
     /// now and then, so a dead replica's half-written document does not stay hidden until
     /// the next start. Returns the versions rolled back.
-    pub async fn sweep(&self, stale_after: std::time::Duration) -> Result<Vec<Version>> {
-        self.recover(stale_after).await
+    pub async fn sweep(&self) -> Result<Vec<Version>> {
+        self.recover(self.stale_after).await
+    }
+
+    /// The stale time this store was opened with (`store.stale_after_s`).
+    pub fn stale_after(&self) -> std::time::Duration {
+        self.stale_after
     }
 
     /// Rolls unfinished writes back (a version being written) or forward (a version being

@@ -746,7 +746,7 @@ async fn a_replica_rolls_back_a_stalled_writer_and_shows_none_of_it(b: &dyn Back
         writer.keep_alive(&live).await.unwrap();
     }
     assert!(
-        replica.sweep(stale).await.unwrap().is_empty(),
+        replica.sweep().await.unwrap().is_empty(),
         "alive after more than the stale time"
     );
     writer.publish(&live, None, &[]).await.unwrap();
@@ -759,21 +759,15 @@ async fn a_replica_rolls_back_a_stalled_writer_and_shows_none_of_it(b: &dyn Back
         .await
         .unwrap();
     writer.flush().await.unwrap();
-    assert!(
-        replica.sweep(stale).await.unwrap().is_empty(),
-        "not stale yet"
-    );
+    assert!(replica.sweep().await.unwrap().is_empty(), "not stale yet");
     only_old(dense(&replica, [1.0, 0.0, 0.0], 5, &SearchFilter::default()).await);
     wait(0.55).await;
     // past half the stale time the writer stops on its own, before anyone may take over
     let err = writer.keep_alive(&new).await.unwrap_err();
     assert!(matches!(err, docent_store::Error::TakenOver(_)), "{err}");
-    assert!(
-        replica.sweep(stale).await.unwrap().is_empty(),
-        "not stale yet"
-    );
+    assert!(replica.sweep().await.unwrap().is_empty(), "not stale yet");
     wait(0.5).await;
-    assert_eq!(replica.sweep(stale).await.unwrap(), vec![new.clone()]);
+    assert_eq!(replica.sweep().await.unwrap(), vec![new.clone()]);
     assert_eq!(replica.chunk_count("new").await.unwrap(), 0);
     assert_eq!(replica.failed().await.unwrap(), vec![new.clone()]);
     // a stalled writer that wakes up and writes another batch: it stays hidden
@@ -795,7 +789,7 @@ async fn a_replica_rolls_back_a_stalled_writer_and_shows_none_of_it(b: &dyn Back
     only_old(dense(&replica, [1.0, 0.0, 0.0], 5, &SearchFilter::default()).await);
     // had it died instead, the next stale sweep removes the late batch and the mark
     wait(1.05).await;
-    assert!(replica.sweep(stale).await.unwrap().is_empty());
+    assert!(replica.sweep().await.unwrap().is_empty());
     assert_eq!(replica.chunk_count("new").await.unwrap(), 0);
     let journal = replica.index().catalog_list("journal").await.unwrap();
     assert!(journal.is_empty(), "{journal:?}");
@@ -814,7 +808,7 @@ async fn a_replica_rolls_back_a_stalled_writer_and_shows_none_of_it(b: &dyn Back
         .await
         .unwrap();
     wait(1.05).await;
-    assert_eq!(replica.sweep(stale).await.unwrap(), vec![new.clone()]);
+    assert_eq!(replica.sweep().await.unwrap(), vec![new.clone()]);
     let copy = version("new", "/t");
     replica.begin(&copy).await.unwrap();
     replica
@@ -827,7 +821,7 @@ async fn a_replica_rolls_back_a_stalled_writer_and_shows_none_of_it(b: &dyn Back
         .unwrap();
     replica.publish(&copy, None, &[]).await.unwrap();
     wait(1.05).await;
-    assert!(replica.sweep(stale).await.unwrap().is_empty());
+    assert!(replica.sweep().await.unwrap().is_empty());
     assert_eq!(
         replica.chunk_count("new").await.unwrap(),
         2,
