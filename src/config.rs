@@ -13,6 +13,8 @@ use serde::{Deserialize, Serialize};
 /// The default config file, read when present in the working directory.
 pub const DEFAULT_CONFIG_FILE: &str = "docent.toml";
 const SETUP_HINT: &str = "run `make setup` to fetch the models";
+/// Largest `retrieval.ann.ef`: a wider beam costs more than a scan of most indexes.
+const MAX_EF: usize = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -472,6 +474,10 @@ pub struct RetrievalConfig {
     /// Hybrid fusion (`method` dbsf | rrf, `candidates`, `rrf_k`, weights) and optional
     /// MMR diversity (`mmr_lambda`).
     pub fusion: docent_ingest::store::Fusion,
+    /// How the dense ranking is searched above the engine's full-scan threshold (about
+    /// 6,600 chunks per segment): `ef`, the HNSW beam width, and `exact` (every vector).
+    #[serde(default)]
+    pub ann: docent_ingest::store::Ann,
     /// Below this dense cosine similarity of the best chunk, the question is answered from
     /// the refusal template without calling the model (`answerable: false`); 0 = never.
     /// Default 0.3: calibrated on SQuAD v2.0, where at most 1 % of answerable questions
@@ -550,6 +556,7 @@ impl Default for Config {
                 term_weight: 0.0,
                 min_support: 0.0,
                 fusion: docent_ingest::store::Fusion::default(),
+                ann: docent_ingest::store::Ann::default(),
                 top_k: 3,
                 max_top_k: 20,
                 neighbors: 0,
@@ -709,6 +716,13 @@ impl Config {
                     format!("must be between 0 (diversity only) and 1 (relevance only), got {l}"),
                 );
             }
+        }
+        let ef = self.retrieval.ann.ef;
+        if !(1..=MAX_EF).contains(&ef) {
+            return invalid(
+                "retrieval.ann.ef",
+                format!("must be between 1 and {MAX_EF}, got {ef} (retrieval.ann.exact = true searches every vector)"),
+            );
         }
         if self.retrieval.neighbors > MAX_NEIGHBORS {
             return invalid(
@@ -1178,6 +1192,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("does not exist"), "{e}");
+    }
+
+    #[test]
+    fn the_search_beam_is_checked() {
+        let mut c = Config::default();
+        for ef in [0, MAX_EF + 1] {
+            c.retrieval.ann.ef = ef;
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains("retrieval.ann.ef") && e.contains("4096"), "{e}");
+        }
+        c.retrieval.ann.ef = MAX_EF;
+        c.validate().unwrap();
     }
 
     #[test]

@@ -42,7 +42,8 @@ pub async fn open_index(config: &Config) -> anyhow::Result<Index> {
             &Identity::new(embedder.model_sha256(), embedder.dim()),
             config.store.stale_after(),
         )
-        .await?,
+        .await?
+        .with_ann(config.retrieval.ann),
     );
     Ok(Index {
         queries: Arc::new(crate::query::embed::QueryBatcher::new(

@@ -20,14 +20,16 @@ use qdrant_edge::{
     EdgeVectorParams, FacetRequest, FacetValue, FieldCondition, FieldIndexOperations, JsonPath,
     Match, Mmr, Modifier, NamedQuery, PayloadFieldSchema, PayloadOps, PayloadSchemaType, PointId,
     PointInsertOperations, PointOperations, PointStruct, Prefetch, QueryEnum, QueryRequest,
-    ScoringQuery, ScrollRequest, SetPayloadOp, UpdateOperation, ValueVariants, Vector,
-    VectorInternal, VectorStructInternal, Vectors, WithPayloadInterface, WithVector,
+    ScoringQuery, ScrollRequest, SearchParams, SetPayloadOp, UpdateOperation, ValueVariants,
+    Vector, VectorInternal, VectorStructInternal, Vectors, WithPayloadInterface, WithVector,
 };
 use serde_json::{json, Value};
 
 use crate::index::{
     catalog_id, Filter, Payload, Point, Record, Scored, SearchRequest, VectorIndex, INDEXED_FIELDS,
 };
+#[cfg(test)]
+use crate::types::Ann;
 use crate::types::{FusionMethod, SearchMode, SparseVector, DENSE, SPARSE};
 use crate::{Error, Result};
 
@@ -308,19 +310,29 @@ fn query_request(r: &SearchRequest) -> Result<QueryRequest> {
     let dense = || nearest(DENSE, VectorInternal::from(r.dense.clone()));
     let sparse = || nearest(SPARSE, VectorInternal::from(sparse_of(&r.sparse)));
     let depth = r.limit.max(1) * r.fusion.candidates.max(1);
-    let prefetch = |q: ScoringQuery| Prefetch {
+    // the beam width and exactness of dense searches (sparse ones are always exact)
+    let ann = Some(SearchParams {
+        hnsw_ef: Some(r.ann.ef),
+        exact: r.ann.exact,
+        ..Default::default()
+    });
+    let prefetch = |q: ScoringQuery, params: Option<SearchParams>| Prefetch {
         prefetches: vec![],
         query: Some(q),
         limit: depth,
-        params: None,
+        params,
         filter: None,
         score_threshold: None,
     };
+    let mut params = None;
     let (mut prefetches, mut scoring) = match r.mode {
-        SearchMode::Dense => (vec![], dense()),
+        SearchMode::Dense => {
+            params = ann;
+            (vec![], dense())
+        }
         SearchMode::Sparse => (vec![], sparse()),
         SearchMode::Hybrid => (
-            vec![prefetch(dense()), prefetch(sparse())],
+            vec![prefetch(dense(), ann), prefetch(sparse(), None)],
             ScoringQuery::Fusion(match r.fusion.method {
                 FusionMethod::Rrf => qdrant_edge::Fusion::Rrf {
                     k: r.fusion.rrf_k,
@@ -339,7 +351,7 @@ fn query_request(r: &SearchRequest) -> Result<QueryRequest> {
             prefetches,
             query: Some(scoring),
             limit: depth,
-            params: None,
+            params: params.take(),
             filter: None,
             score_threshold: None,
         }];
@@ -357,7 +369,7 @@ fn query_request(r: &SearchRequest) -> Result<QueryRequest> {
         score_threshold: None,
         limit: r.limit,
         offset: 0,
-        params: None,
+        params,
         with_vector: WithVector::Bool(false),
         with_payload: WithPayloadInterface::Bool(r.with_payload),
     })
@@ -762,5 +774,95 @@ mod tests {
         let index = EdgeIndex::open(dir.path(), 3).unwrap();
         let listed = futures::executor::block_on(index.catalog_list("k")).unwrap();
         assert_eq!(listed, vec![("b".to_string(), json!({"x": 2}))]);
+    }
+
+    /// Above the engine's full-scan threshold the dense ranking comes from the HNSW graph:
+    /// `ann.exact` gives the true nearest points (checked against a brute-force scan), a
+    /// narrow beam misses some, and a wide one misses fewer. Random vectors are the
+    /// graph's hardest case (every point about as far as every other).
+    #[test]
+    fn dense_search_is_exact_when_asked_and_the_beam_width_sets_recall() {
+        const DIM: usize = 384;
+        const POINTS: u64 = 7_000; // over 10,000 KB of vectors: one HNSW-indexed segment
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut unit = || {
+            let mut v: Vec<f32> = (0..DIM)
+                .map(|_| {
+                    seed = seed
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    ((seed >> 33) as f32 / (1u64 << 31) as f32) - 0.5
+                })
+                .collect();
+            let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+            v.iter_mut().for_each(|x| *x /= n);
+            v
+        };
+        let vectors: Vec<Vec<f32>> = (0..POINTS).map(|_| unit()).collect();
+        let queries: Vec<Vec<f32>> = (0..20).map(|_| unit()).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let index = EdgeIndex::open(dir.path(), DIM).unwrap();
+        futures::executor::block_on(async {
+            for (b, batch) in vectors.chunks(500).enumerate() {
+                let points = batch
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| Point {
+                        id: (b * 500 + i) as u64,
+                        dense: v.clone(),
+                        sparse: crate::SparseVector::default(),
+                        payload: Default::default(),
+                    })
+                    .collect();
+                index.upsert(points).await.unwrap();
+            }
+            assert!(index.optimize().await.unwrap(), "the graph was built");
+        });
+        let search = |q: &[f32], ann: Ann| -> Vec<u64> {
+            let request = SearchRequest {
+                dense: q.to_vec(),
+                sparse: crate::SparseVector::default(),
+                mode: SearchMode::Dense,
+                fusion: Default::default(),
+                ann,
+                limit: 10,
+                filter: Filter::default(),
+                with_payload: false,
+            };
+            futures::executor::block_on(index.search(&request))
+                .unwrap()
+                .into_iter()
+                .map(|s| s.id)
+                .collect()
+        };
+        let (mut narrow, mut wide) = (0, 0);
+        for q in &queries {
+            let mut scored: Vec<(f32, u64)> = vectors
+                .iter()
+                .enumerate()
+                .map(|(i, v)| (v.iter().zip(q).map(|(a, b)| a * b).sum(), i as u64))
+                .collect();
+            scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+            let truth: Vec<u64> = scored[..10].iter().map(|s| s.1).collect();
+            let exact = search(q, Ann { ef: 1, exact: true });
+            assert_eq!(exact, truth, "exact search is the brute-force ranking");
+            let found = |ef| {
+                search(q, Ann { ef, exact: false })
+                    .iter()
+                    .filter(|id| truth.contains(id))
+                    .count()
+            };
+            narrow += found(10);
+            wide += found(512);
+        }
+        eprintln!("true neighbours found: beam 10 {narrow} of 200, beam 512 {wide}");
+        assert!(
+            narrow < 200,
+            "a beam of 10 finds every true neighbour: no graph searched"
+        );
+        assert!(
+            wide > narrow,
+            "a beam of 512 finds {wide} of 200, 10 finds {narrow}"
+        );
     }
 }

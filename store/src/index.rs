@@ -7,7 +7,7 @@
 use async_trait::async_trait;
 use serde_json::Value;
 
-use crate::types::{Fusion, SearchMode, SparseVector};
+use crate::types::{Ann, Fusion, SearchMode, SparseVector};
 use crate::Result;
 
 /// A point's payload: a JSON object.
@@ -84,6 +84,8 @@ pub struct SearchRequest {
     pub mode: SearchMode,
     /// Hybrid fusion (method, weights, candidate depth) and optional MMR.
     pub fusion: Fusion,
+    /// How the dense ranking is searched.
+    pub ann: Ann,
     pub limit: usize,
     pub filter: Filter,
     pub with_payload: bool,

@@ -18,9 +18,10 @@ use qdrant_client::qdrant::{
     CountPointsBuilder, CreateCollectionBuilder, CreateFieldIndexCollectionBuilder,
     DeletePointsBuilder, Distance, FacetCountsBuilder, FieldType, GetPointsBuilder, MmrBuilder,
     Modifier, NamedVectors, PointId, PointStruct, PointsIdsList, PrefetchQueryBuilder, Query,
-    QueryPointsBuilder, RetrievedPoint, RrfBuilder, ScrollPointsBuilder, SetPayloadPointsBuilder,
-    SparseVectorParamsBuilder, SparseVectorsConfigBuilder, UpsertPointsBuilder, Vector,
-    VectorInput, VectorParamsBuilder, VectorsConfigBuilder, WriteOrdering, WriteOrderingType,
+    QueryPointsBuilder, RetrievedPoint, RrfBuilder, ScrollPointsBuilder, SearchParamsBuilder,
+    SetPayloadPointsBuilder, SparseVectorParamsBuilder, SparseVectorsConfigBuilder,
+    UpsertPointsBuilder, Vector, VectorInput, VectorParamsBuilder, VectorsConfigBuilder,
+    WriteOrdering, WriteOrderingType,
 };
 use qdrant_client::{Qdrant, QdrantError};
 use serde_json::{json, Value};
@@ -341,11 +342,18 @@ fn search_query(r: &SearchRequest, collection: &str) -> QueryPointsBuilder {
     if let Some(f) = server_filter(&r.filter) {
         q = q.filter(f);
     }
+    // the beam width and exactness of dense searches (sparse ones are always exact)
+    let ann = || {
+        SearchParamsBuilder::default()
+            .hnsw_ef(r.ann.ef as u64)
+            .exact(r.ann.exact)
+    };
     let hybrid_prefetches = |p: PrefetchQueryBuilder| {
         p.add_prefetch(
             PrefetchQueryBuilder::default()
                 .query(dense())
                 .using(DENSE)
+                .params(ann())
                 .limit(depth),
         )
         .add_prefetch(
@@ -357,13 +365,14 @@ fn search_query(r: &SearchRequest, collection: &str) -> QueryPointsBuilder {
     };
     match r.fusion.mmr_lambda {
         None => match r.mode {
-            SearchMode::Dense => q.query(dense()).using(DENSE),
+            SearchMode::Dense => q.query(dense()).using(DENSE).params(ann()),
             SearchMode::Sparse => q.query(sparse()).using(SPARSE),
             SearchMode::Hybrid => q
                 .add_prefetch(
                     PrefetchQueryBuilder::default()
                         .query(dense())
                         .using(DENSE)
+                        .params(ann())
                         .limit(depth),
                 )
                 .add_prefetch(
@@ -377,7 +386,10 @@ fn search_query(r: &SearchRequest, collection: &str) -> QueryPointsBuilder {
         Some(lambda) => {
             // the ranking becomes the candidate pool MMR picks `limit` points from
             let pool = match r.mode {
-                SearchMode::Dense => PrefetchQueryBuilder::default().query(dense()).using(DENSE),
+                SearchMode::Dense => PrefetchQueryBuilder::default()
+                    .query(dense())
+                    .using(DENSE)
+                    .params(ann()),
                 SearchMode::Sparse => PrefetchQueryBuilder::default()
                     .query(sparse())
                     .using(SPARSE),
@@ -736,7 +748,7 @@ impl QdrantIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::Fusion;
+    use crate::types::{Ann, Fusion};
     use qdrant_client::qdrant::query::Variant;
 
     fn request(mode: SearchMode, fusion: Fusion) -> SearchRequest {
@@ -748,6 +760,10 @@ mod tests {
             },
             mode,
             fusion,
+            ann: Ann {
+                ef: 77,
+                exact: false,
+            },
             limit: 5,
             filter: Filter::is("collections", "books").and_not("document_id", ["a", "b"]),
             with_payload: false,
@@ -778,6 +794,13 @@ mod tests {
         let using: Vec<_> = q.prefetch.iter().map(|p| p.using.as_deref()).collect();
         assert_eq!(using, [Some(DENSE), Some(SPARSE)]);
         assert!(q.prefetch.iter().all(|p| p.limit == Some(40)));
+        // the dense ranking is searched with the configured beam; BM25 is always exact
+        let ef: Vec<_> = q
+            .prefetch
+            .iter()
+            .map(|p| p.params.as_ref().and_then(|p| p.hnsw_ef))
+            .collect();
+        assert_eq!(ef, [Some(77), None]);
         match variant(&q.query) {
             Variant::Rrf(rrf) => {
                 assert_eq!(rrf.k, Some(60), "k is explicit: the server's default is 2");
@@ -820,6 +843,18 @@ mod tests {
         assert_eq!(q.using.as_deref(), Some(SPARSE));
         assert!(q.prefetch.is_empty());
         assert!(matches!(variant(&q.query), Variant::Nearest(_)));
+        assert!(q.params.is_none());
+    }
+
+    #[test]
+    fn dense_search_takes_the_beam_width_and_exactness() {
+        let mut r = request(SearchMode::Dense, Fusion::default());
+        let q = search_query(&r, "c").build();
+        let p = q.params.expect("search params");
+        assert_eq!((p.hnsw_ef, p.exact), (Some(77), Some(false)));
+        r.ann.exact = true;
+        let q = search_query(&r, "c").build();
+        assert_eq!(q.params.and_then(|p| p.exact), Some(true));
     }
 
     /// With nothing listening, connecting fails fast with a message that names the URL

@@ -42,8 +42,8 @@ use sha2::{Digest, Sha256};
 
 use crate::index::{Filter, Payload, Point, Scored, SearchRequest, VectorIndex};
 use crate::types::{
-    point_id, ChunkPayload, Derived, DocumentInfo, Embedding, Fusion, Hit, Origin, SearchFilter,
-    SearchMode, Version,
+    point_id, Ann, ChunkPayload, Derived, DocumentInfo, Embedding, Fusion, Hit, Origin,
+    SearchFilter, SearchMode, Version,
 };
 use crate::{Error, Result};
 
@@ -211,6 +211,8 @@ pub struct Store {
     leases: std::sync::Mutex<HashMap<String, std::time::Instant>>,
     /// Held for reading by every [`View`], for writing by every change of the hidden set.
     visibility: tokio::sync::RwLock<()>,
+    /// How searches rank by the dense vectors.
+    ann: Ann,
 }
 
 /// A consistent read of the store (see the module's "What a reader sees"): searches and
@@ -282,9 +284,21 @@ impl Store {
             stale_after,
             leases: Default::default(),
             visibility: Default::default(),
+            ann: Ann::default(),
         };
         store.recovered = store.recover(stale_after).await?;
         Ok(store)
+    }
+
+    /// This store, its searches ranking by the dense vectors as `ann` says.
+    pub fn with_ann(mut self, ann: Ann) -> Self {
+        self.ann = ann;
+        self
+    }
+
+    /// How searches rank by the dense vectors.
+    pub fn ann(&self) -> Ann {
+        self.ann
     }
 
     /// The engine underneath.
@@ -1160,6 +1174,7 @@ impl View<'_> {
             sparse: query.sparse.clone(),
             mode,
             fusion: *fusion,
+            ann: self.store.ann,
             limit,
             filter: Store::filter(only, self.hidden.clone()),
             with_payload,

@@ -182,6 +182,38 @@ pub struct Fusion {
     pub mmr_lambda: Option<f32>,
 }
 
+/// How the dense ranking is searched: Qdrant's HNSW graph with a beam of `ef` (the engine
+/// uses at least the number of results asked for), or every vector (`exact`). Segments
+/// below the engine's full-scan threshold (about 6,600 chunks of 384 dimensions) are
+/// always scanned whole; this matters above it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ann {
+    /// HNSW beam width of a search.
+    #[serde(default = "default_ef")]
+    pub ef: usize,
+    /// Compare the question with every stored vector: the true nearest chunks, at a cost
+    /// that grows with the index.
+    #[serde(default)]
+    pub exact: bool,
+}
+
+/// The default [`Ann::ef`] (see its measurement in the README, "Dense search recall").
+pub const DEFAULT_EF: usize = 512;
+
+fn default_ef() -> usize {
+    DEFAULT_EF
+}
+
+impl Default for Ann {
+    fn default() -> Self {
+        Ann {
+            ef: DEFAULT_EF,
+            exact: false,
+        }
+    }
+}
+
 fn default_candidates() -> usize {
     8
 }
