@@ -306,6 +306,10 @@ enum Bench {
         /// Python of the llama.cpp peer (made by scripts/bench-generate-venv.sh).
         #[arg(long, default_value = "models/.venv-llama/bin/python")]
         peer_python: PathBuf,
+        /// A llama-server binary (scripts/llama-server-build.sh): the concurrency table's
+        /// `rag` rows run on it too, one slot per client, same file and prompts.
+        #[arg(long)]
+        llama_server: Option<PathBuf>,
         #[arg(long)]
         no_peer: bool,
         /// CPU kernels: docent (kernels/) or candle (mistral.rs's and candle's own).
@@ -685,6 +689,7 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             clients,
             memory,
             peer_python,
+            llama_server,
             no_peer,
             kernels,
             isa,
@@ -746,6 +751,7 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
                         .prefill_chunk_tokens,
                 ),
                 repack: !no_repack,
+                llama_server,
             };
             let result = docent::tools::bench::generate::run(&opts).await?;
             print_report(&result, json)

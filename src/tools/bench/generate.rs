@@ -51,6 +51,9 @@ pub struct Options {
     pub prefill_chunk: usize,
     /// `generation.repack`: Q5_0 weights rewritten as Q8_0 at load.
     pub repack: bool,
+    /// A `llama-server` binary: the concurrency table's `rag` rows run on it too, with a
+    /// slot per client, on the same file and the same prompts (scripts/llama-server-build.sh).
+    pub llama_server: Option<PathBuf>,
 }
 
 /// One model × prompt cell.
@@ -98,6 +101,8 @@ pub struct LoadRow {
 /// Many clients on one engine: each sends two distinct prompts in turn.
 #[derive(Debug, Clone, Serialize)]
 pub struct ConcurrencyRow {
+    /// `docent`, or `llama-server` (one slot per client).
+    pub engine: String,
     pub model: String,
     /// `rag`: 300-token prompts for 32 new tokens (what the service does); `chat`: prompts
     /// of 24–80 tokens for 128 new tokens (decode-bound).
@@ -520,6 +525,23 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
                 );
             }
         }
+        if let Some(server) = &opts.llama_server {
+            let generator = Generator::load(&config(model, opts)).await?;
+            let ids = generator.encode(&text);
+            drop(generator);
+            let slots = opts.clients.iter().copied().max().unwrap_or(1);
+            let peer = LlamaServer::start(server, model, opts.threads, slots)?;
+            for &clients in &opts.clients {
+                eprintln!("bench generate: {clients} concurrent clients, rag, llama-server");
+                let (addr, ids, name) = (peer.addr, ids.clone(), name(model));
+                report.concurrency.push(
+                    tokio::task::spawn_blocking(move || {
+                        server_concurrency(addr, &ids, name, clients)
+                    })
+                    .await??,
+                );
+            }
+        }
         // a streaming answer while a long prompt arrives, for several chunk sizes
         let long_len = opts.prompt_tokens.iter().copied().max().unwrap_or(1200);
         for chunk in [0, 64, 256] {
@@ -653,22 +675,11 @@ async fn concurrency(
         "rag" => (|_| 300, 32),
         _ => (|i| 24 + 8 * (i % 8), 128),
     };
-    const ROUNDS: usize = 2;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..clients {
         let generator = generator.clone();
-        let prompts: Vec<Vec<u32>> = (0..ROUNDS)
-            .map(|r| {
-                let start = ((c * ROUNDS + r) * 37) % ids.len().max(1);
-                ids.iter()
-                    .copied()
-                    .cycle()
-                    .skip(start)
-                    .take(prompt_len(c * ROUNDS + r))
-                    .collect()
-            })
-            .collect();
+        let prompts = client_prompts(ids, c, prompt_len);
         tasks.push(tokio::spawn(async move {
             let mut out = Vec::new();
             for p in prompts {
@@ -691,6 +702,7 @@ async fn concurrency(
     let requests = latencies.len();
     let max = latencies.iter().copied().fold(0.0, f64::max);
     Ok(ConcurrencyRow {
+        engine: "docent".into(),
         model,
         workload: workload.into(),
         batching: true,
@@ -702,6 +714,142 @@ async fn concurrency(
         requests_per_second: requests as f64 / wall,
         latency_p50_ms: median(latencies),
         latency_max_ms: max,
+    })
+}
+
+/// The prompts client `c` of [`concurrency`] sends: `ROUNDS` cuts of `ids`.
+fn client_prompts(ids: &[u32], c: usize, len: impl Fn(usize) -> usize) -> Vec<Vec<u32>> {
+    (0..ROUNDS)
+        .map(|r| {
+            let start = ((c * ROUNDS + r) * 37) % ids.len().max(1);
+            ids.iter()
+                .copied()
+                .cycle()
+                .skip(start)
+                .take(len(c * ROUNDS + r))
+                .collect()
+        })
+        .collect()
+}
+
+/// Requests per client in the concurrency table.
+const ROUNDS: usize = 2;
+
+/// A `llama-server` on a free loopback port, stopped when dropped.
+struct LlamaServer {
+    child: std::process::Child,
+    addr: std::net::SocketAddr,
+}
+
+impl LlamaServer {
+    /// `slots` parallel sequences of up to 512 tokens each (a 300-token prompt and 32 new).
+    fn start(binary: &Path, model: &Path, threads: usize, slots: usize) -> anyhow::Result<Self> {
+        let addr = super::query::free_addr()?;
+        let child = std::process::Command::new(binary)
+            .arg("--model")
+            .arg(model)
+            .args(["--host", "127.0.0.1", "--port", &addr.port().to_string()])
+            .args(["--threads", &threads.to_string()])
+            .args(["--parallel", &slots.to_string()])
+            .args(["--ctx-size", &(512 * slots).to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("starting {}: {e}", binary.display()))?;
+        let mut server = LlamaServer { child, addr };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Some(status) = server.child.try_wait()? {
+                anyhow::bail!("llama-server exited at start ({status})");
+            }
+            let ready = super::http::Connection::open(addr)
+                .and_then(|mut c| c.request("GET", "/health", b""))
+                .is_ok_and(|(status, _)| status == 200);
+            if ready {
+                return Ok(server);
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "llama-server not ready after 120 s"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for LlamaServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// [`concurrency`]'s `rag` workload on a llama-server: the same token prompts (the same
+/// GGUF, so the same vocabulary), sent as token ids to `/completion` for 32 tokens each,
+/// one thread and keep-alive connection per client. The server's prompt cache is off, as
+/// every prompt is distinct anyway.
+fn server_concurrency(
+    addr: std::net::SocketAddr,
+    ids: &[u32],
+    model: String,
+    clients: usize,
+) -> anyhow::Result<ConcurrencyRow> {
+    const PROMPT: usize = 300;
+    const NEW: usize = 32;
+    let started = Instant::now();
+    let results = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..clients)
+            .map(|c| {
+                s.spawn(move || -> anyhow::Result<Vec<(f64, usize)>> {
+                    let mut conn = super::http::Connection::open(addr)?;
+                    let mut out = Vec::new();
+                    for p in client_prompts(ids, c, |_| PROMPT) {
+                        let body = serde_json::to_vec(&serde_json::json!({
+                            "prompt": p,
+                            "n_predict": NEW,
+                            "temperature": 0.0,
+                            "cache_prompt": false,
+                        }))?;
+                        let t = Instant::now();
+                        let (status, reply) = conn.request("POST", "/completion", &body)?;
+                        anyhow::ensure!(
+                            status == 200,
+                            "llama-server answered {status}: {}",
+                            String::from_utf8_lossy(&reply)
+                        );
+                        let v: serde_json::Value = serde_json::from_slice(&reply)?;
+                        let n = v["tokens_predicted"].as_u64().unwrap_or(0) as usize;
+                        out.push((t.elapsed().as_secs_f64() * 1e3, n));
+                    }
+                    Ok(out)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("a client thread panicked"))?
+            })
+            .collect::<anyhow::Result<Vec<_>>>()
+    })?;
+    let wall = started.elapsed().as_secs_f64();
+    let latencies: Vec<f64> = results.iter().flatten().map(|r| r.0).collect();
+    let tokens: usize = results.iter().flatten().map(|r| r.1).sum();
+    let requests = latencies.len();
+    Ok(ConcurrencyRow {
+        engine: "llama-server".into(),
+        model,
+        workload: "rag".into(),
+        batching: true,
+        clients,
+        requests,
+        prompt_tokens: PROMPT,
+        new_tokens: NEW,
+        tokens_per_second: tokens as f64 / wall,
+        requests_per_second: requests as f64 / wall,
+        latency_max_ms: latencies.iter().copied().fold(0.0, f64::max),
+        latency_p50_ms: median(latencies),
     })
 }
 
@@ -875,16 +1023,17 @@ impl fmt::Display for GenerateBench {
                 k.f16.new_tokens
             )?;
         }
-        let one = |w: &str, b: bool| {
+        let one = |e: &str, w: &str, b: bool| {
             self.concurrency
                 .iter()
-                .find(|c| c.workload == w && c.batching == b && c.clients == 1)
+                .find(|c| c.engine == e && c.workload == w && c.batching == b && c.clients == 1)
                 .map(|c| c.tokens_per_second)
         };
         for c in &self.concurrency {
             writeln!(
                 f,
-                "concurrency: {} {:<4} batching {:<3} {:>2} clients × 2 requests ({}-token prompts, {} new): {:.1} tok/s ({}× one client), {:.2} req/s, latency p50 {:.0} ms, max {:.0} ms",
+                "concurrency: {:<12} {} {:<4} batching {:<3} {:>2} clients × 2 requests ({}-token prompts, {} new): {:.1} tok/s ({}× one client), {:.2} req/s, latency p50 {:.0} ms, max {:.0} ms",
+                c.engine,
                 c.model,
                 c.workload,
                 if c.batching { "on" } else { "off" },
@@ -892,7 +1041,7 @@ impl fmt::Display for GenerateBench {
                 c.prompt_tokens,
                 c.new_tokens,
                 c.tokens_per_second,
-                one(&c.workload, c.batching)
+                one(&c.engine, &c.workload, c.batching)
                     .map_or("–".into(), |o| format!("{:.2}", c.tokens_per_second / o)),
                 c.requests_per_second,
                 c.latency_p50_ms,
