@@ -797,41 +797,28 @@ fn server_concurrency(
     const PROMPT: usize = 300;
     const NEW: usize = 32;
     let started = Instant::now();
-    let results = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..clients)
-            .map(|c| {
-                s.spawn(move || -> anyhow::Result<Vec<(f64, usize)>> {
-                    let mut conn = super::http::Connection::open(addr)?;
-                    let mut out = Vec::new();
-                    for p in client_prompts(ids, c, |_| PROMPT) {
-                        let body = serde_json::to_vec(&serde_json::json!({
-                            "prompt": p,
-                            "n_predict": NEW,
-                            "temperature": 0.0,
-                            "cache_prompt": false,
-                        }))?;
-                        let t = Instant::now();
-                        let (status, reply) = conn.request("POST", "/completion", &body)?;
-                        anyhow::ensure!(
-                            status == 200,
-                            "llama-server answered {status}: {}",
-                            String::from_utf8_lossy(&reply)
-                        );
-                        let v: serde_json::Value = serde_json::from_slice(&reply)?;
-                        let n = v["tokens_predicted"].as_u64().unwrap_or(0) as usize;
-                        out.push((t.elapsed().as_secs_f64() * 1e3, n));
-                    }
-                    Ok(out)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .map_err(|_| anyhow::anyhow!("a client thread panicked"))?
-            })
-            .collect::<anyhow::Result<Vec<_>>>()
+    let results = super::on_client_threads(clients, |c| -> anyhow::Result<Vec<(f64, usize)>> {
+        let mut conn = super::http::Connection::open(addr)?;
+        let mut out = Vec::new();
+        for p in client_prompts(ids, c, |_| PROMPT) {
+            let body = serde_json::to_vec(&serde_json::json!({
+                "prompt": p,
+                "n_predict": NEW,
+                "temperature": 0.0,
+                "cache_prompt": false,
+            }))?;
+            let t = Instant::now();
+            let (status, reply) = conn.request("POST", "/completion", &body)?;
+            anyhow::ensure!(
+                status == 200,
+                "llama-server answered {status}: {}",
+                String::from_utf8_lossy(&reply)
+            );
+            let v: serde_json::Value = serde_json::from_slice(&reply)?;
+            let n = v["tokens_predicted"].as_u64().unwrap_or(0) as usize;
+            out.push((t.elapsed().as_secs_f64() * 1e3, n));
+        }
+        Ok(out)
     })?;
     let wall = started.elapsed().as_secs_f64();
     let latencies: Vec<f64> = results.iter().flatten().map(|r| r.0).collect();

@@ -22,3 +22,22 @@ pub struct Peer {
 }
 
 pub(crate) use crate::tools::eval::RemoveOnDrop;
+
+/// Runs `client(i)` for each of `clients` on threads of its own, all at once; their
+/// results in client order, or the first error (a panicking client is an error too).
+pub(crate) fn on_client_threads<T: Send>(
+    clients: usize,
+    client: impl Fn(usize) -> anyhow::Result<T> + Sync,
+) -> anyhow::Result<Vec<T>> {
+    std::thread::scope(|s| {
+        let client = &client;
+        let handles: Vec<_> = (0..clients).map(|i| s.spawn(move || client(i))).collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("a client thread panicked"))?
+            })
+            .collect()
+    })
+}

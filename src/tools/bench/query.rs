@@ -499,49 +499,38 @@ fn measure(
 ) -> anyhow::Result<Stats> {
     let next = Arc::new(AtomicUsize::new(0));
     let barrier = Arc::new(std::sync::Barrier::new(clients));
-    let results = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..clients)
-            .map(|_| {
-                let (next, barrier) = (next.clone(), barrier.clone());
-                scope.spawn(move || -> anyhow::Result<(Vec<f64>, Instant, Instant)> {
-                    let mut conn = Connection::open(addr)?;
-                    barrier.wait();
-                    let start = Instant::now();
-                    let (from, end) = (start + warmup, start + warmup + duration);
-                    let mut lat = Vec::new();
-                    let mut last = from;
-                    loop {
-                        let sent = Instant::now();
-                        // a server slower than the window still gets one measured request
-                        // per client
-                        if sent >= end && !lat.is_empty() {
-                            break;
-                        }
-                        let body = &bodies[next.fetch_add(1, Ordering::Relaxed) % bodies.len()];
-                        let (status, answer) = conn.request("POST", "/v1/search", body)?;
-                        anyhow::ensure!(
-                            status == 200,
-                            "search answered {status}: {}",
-                            String::from_utf8_lossy(&answer)
-                        );
-                        let done = Instant::now();
-                        if sent >= from {
-                            lat.push((done - sent).as_secs_f64() * 1e3);
-                            last = last.max(done);
-                        }
-                    }
-                    Ok((lat, from, last))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .map_err(|_| anyhow::anyhow!("a client thread panicked"))?
-            })
-            .collect::<anyhow::Result<Vec<_>>>()
-    })?;
+    let results = super::on_client_threads(
+        clients,
+        |_| -> anyhow::Result<(Vec<f64>, Instant, Instant)> {
+            let mut conn = Connection::open(addr)?;
+            barrier.wait();
+            let start = Instant::now();
+            let (from, end) = (start + warmup, start + warmup + duration);
+            let mut lat = Vec::new();
+            let mut last = from;
+            loop {
+                let sent = Instant::now();
+                // a server slower than the window still gets one measured request
+                // per client
+                if sent >= end && !lat.is_empty() {
+                    break;
+                }
+                let body = &bodies[next.fetch_add(1, Ordering::Relaxed) % bodies.len()];
+                let (status, answer) = conn.request("POST", "/v1/search", body)?;
+                anyhow::ensure!(
+                    status == 200,
+                    "search answered {status}: {}",
+                    String::from_utf8_lossy(&answer)
+                );
+                let done = Instant::now();
+                if sent >= from {
+                    lat.push((done - sent).as_secs_f64() * 1e3);
+                    last = last.max(done);
+                }
+            }
+            Ok((lat, from, last))
+        },
+    )?;
     let from = results.iter().map(|r| r.1).min().context("no clients")?;
     let last = results.iter().map(|r| r.2).max().context("no clients")?;
     let mut lat: Vec<f64> = results.into_iter().flat_map(|r| r.0).collect();
