@@ -240,6 +240,9 @@ async fn two_replicas_one_killed_mid_ingest_never_show_a_mixed_or_half_document(
     wait_written(&c, &writer.base, &job_id).await;
     signal(&writer.child, "STOP");
     let stopped_at = Instant::now();
+    // the writer's last touch of its journal entry (before it was stopped): the stale time
+    // runs from there, not from the stop
+    let mut last_touch = 0u64;
     loop {
         let journal = store.index().catalog_list("journal").await.unwrap();
         if journal
@@ -248,6 +251,11 @@ async fn two_replicas_one_killed_mid_ingest_never_show_a_mixed_or_half_document(
         {
             break;
         }
+        for (_, v) in &journal {
+            if v.to_string().contains(big.as_str()) {
+                last_touch = last_touch.max(v["updated_ms"].as_u64().unwrap_or(0));
+            }
+        }
         assert!(
             stopped_at.elapsed() < Duration::from_secs(60),
             "the stopped writer's ingest was not taken over: {journal:?}"
@@ -255,6 +263,11 @@ async fn two_replicas_one_killed_mid_ingest_never_show_a_mixed_or_half_document(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let taken_over = stopped_at.elapsed();
+    let since_touch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        - last_touch;
     assert_eq!(store.chunk_count(&big).await.unwrap(), 0);
     signal(&writer.child, "CONT");
     // a fresh client: the writer closes the connections that idled past its keep-alive
@@ -263,13 +276,15 @@ async fn two_replicas_one_killed_mid_ingest_never_show_a_mixed_or_half_document(
     let j = wait_done(&c, &writer.base, &job_id).await;
     assert_eq!(j["status"], "failed", "{j}");
     eprintln!(
-        "stopped mid-ingest: taken over by the other replica after {:.1} s; woken up, the writer failed the job: {}",
+        "stopped mid-ingest: taken over by the other replica {:.1} s after the stop ({:.1} s after the writer's last touch); woken up, the writer failed the job: {}",
         taken_over.as_secs_f64(),
+        since_touch as f64 / 1e3,
         j["documents"][0]["error"]
     );
+    assert!(last_touch > 0, "the writer's journal entry was never seen");
     assert!(
-        taken_over >= Duration::from_secs(STALE_AFTER_S - 1),
-        "taken over before the writer was stale"
+        since_touch >= STALE_AFTER_S * 1000,
+        "taken over {since_touch} ms after the writer's last touch, before it was stale"
     );
 
     // Phase 3: the same ingest again, and the writer killed (SIGKILL) in the middle of it.
