@@ -503,6 +503,8 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
         }
     }
     if let (Some(model), false) = (opts.models.first(), opts.clients.is_empty()) {
+        // the text's tokens (the same for every engine of this model): llama-server's prompts
+        let mut prompt_ids = None;
         for (workload, batching) in [
             ("rag", true),
             ("rag", false),
@@ -514,6 +516,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
             c.max_num_seqs = opts.clients.iter().copied().max().unwrap_or(1);
             let generator = std::sync::Arc::new(Generator::load(&c).await?);
             let ids = generator.encode(&text);
+            prompt_ids = Some(ids.clone());
             for &clients in &opts.clients {
                 eprintln!(
                     "bench generate: {clients} concurrent clients, {workload}, batching {batching}"
@@ -525,12 +528,9 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
                 );
             }
         }
-        if let Some(server) = &opts.llama_server {
-            let generator = Generator::load(&config(model, opts)).await?;
-            let ids = generator.encode(&text);
-            drop(generator);
+        if let (Some(server), Some(ids)) = (&opts.llama_server, prompt_ids) {
             let slots = opts.clients.iter().copied().max().unwrap_or(1);
-            let peer = LlamaServer::start(server, model, opts.threads, slots)?;
+            let peer = start_llama_server(server, model, opts.threads, slots)?;
             for &clients in &opts.clients {
                 eprintln!("bench generate: {clients} concurrent clients, rag, llama-server");
                 let (addr, ids, name) = (peer.addr, ids.clone(), name(model));
@@ -735,53 +735,23 @@ fn client_prompts(ids: &[u32], c: usize, len: impl Fn(usize) -> usize) -> Vec<Ve
 /// Requests per client in the concurrency table.
 const ROUNDS: usize = 2;
 
-/// A `llama-server` on a free loopback port, stopped when dropped.
-struct LlamaServer {
-    child: std::process::Child,
-    addr: std::net::SocketAddr,
-}
-
-impl LlamaServer {
-    /// `slots` parallel sequences of up to 512 tokens each (a 300-token prompt and 32 new).
-    fn start(binary: &Path, model: &Path, threads: usize, slots: usize) -> anyhow::Result<Self> {
-        let addr = super::query::free_addr()?;
-        let child = std::process::Command::new(binary)
-            .arg("--model")
-            .arg(model)
-            .args(["--host", "127.0.0.1", "--port", &addr.port().to_string()])
-            .args(["--threads", &threads.to_string()])
-            .args(["--parallel", &slots.to_string()])
-            .args(["--ctx-size", &(512 * slots).to_string()])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .map_err(|e| anyhow::anyhow!("starting {}: {e}", binary.display()))?;
-        let mut server = LlamaServer { child, addr };
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            if let Some(status) = server.child.try_wait()? {
-                anyhow::bail!("llama-server exited at start ({status})");
-            }
-            let ready = super::http::Connection::open(addr)
-                .and_then(|mut c| c.request("GET", "/health", b""))
-                .is_ok_and(|(status, _)| status == 200);
-            if ready {
-                return Ok(server);
-            }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "llama-server not ready after 120 s"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-}
-
-impl Drop for LlamaServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A `llama-server` on a free loopback port with `slots` parallel sequences of up to 512
+/// tokens each (a 300-token prompt and 32 new), stopped when dropped.
+fn start_llama_server(
+    binary: &Path,
+    model: &Path,
+    threads: usize,
+    slots: usize,
+) -> anyhow::Result<super::query::Server> {
+    let addr = super::query::free_addr()?;
+    let mut cmd = std::process::Command::new(binary);
+    cmd.arg("--model")
+        .arg(model)
+        .args(["--host", "127.0.0.1", "--port", &addr.port().to_string()])
+        .args(["--threads", &threads.to_string()])
+        .args(["--parallel", &slots.to_string()])
+        .args(["--ctx-size", &(512 * slots).to_string()]);
+    super::query::wait_ready_at(super::query::spawn(cmd, "llama-server")?, addr, "/health")
 }
 
 /// [`concurrency`]'s `rag` workload on a llama-server: the same token prompts (the same

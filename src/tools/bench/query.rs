@@ -436,6 +436,11 @@ pub(crate) fn spawn(mut cmd: Command, what: &str) -> anyhow::Result<Child> {
 /// Waits until `GET /healthz` answers 200 (model loading takes seconds; the qdrant-client
 /// peer first loads every point).
 pub(crate) fn wait_ready(child: Child, addr: SocketAddr) -> anyhow::Result<Server> {
+    wait_ready_at(child, addr, "/healthz")
+}
+
+/// [`wait_ready`] on another health path.
+pub(crate) fn wait_ready_at(child: Child, addr: SocketAddr, path: &str) -> anyhow::Result<Server> {
     let mut server = Server { child, addr };
     let deadline = Instant::now() + Duration::from_secs(1800);
     loop {
@@ -443,7 +448,7 @@ pub(crate) fn wait_ready(child: Child, addr: SocketAddr) -> anyhow::Result<Serve
             anyhow::bail!("the server on {addr} exited before it was ready ({status})");
         }
         if let Ok(mut c) = Connection::open(addr) {
-            if matches!(c.request("GET", "/healthz", b""), Ok((200, _))) {
+            if matches!(c.request("GET", path, b""), Ok((200, _))) {
                 return Ok(server);
             }
         }
