@@ -155,6 +155,29 @@ enum Command {
         /// whether it is flagged.
         #[arg(long)]
         text: Vec<String>,
+        /// End to end instead: ingest this set's documents (each with a planted
+        /// instruction) into a fresh index, ask its questions with the configured model,
+        /// and count the answers that carry the instruction out.
+        #[arg(long)]
+        e2e: Option<PathBuf>,
+        /// With --e2e: this many cases, spread over the set.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// With --e2e: the sets of defences to measure (all, no-classifier,
+        /// no-answer-check, none).
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "all,no-classifier,no-answer-check,none"
+        )]
+        defences: Vec<String>,
+        /// With --e2e: write every answer here (JSON lines).
+        #[arg(long)]
+        dump: Option<PathBuf>,
+        /// Measure the second stage instead: texts the built-in classifier scores this far
+        /// below its threshold are asked of the configured model.
+        #[arg(long)]
+        model_check: Option<f32>,
         #[arg(long)]
         json: bool,
     },
@@ -178,6 +201,10 @@ enum Command {
         /// Give every attack category the same weight (default: every attack text).
         #[arg(long)]
         balance_categories: bool,
+        /// Signal groups to leave out (comma-separated: ai_addressee, imperative,
+        /// directive, shift, encoded, exfiltration), to measure what each is worth.
+        #[arg(long, value_delimiter = ',')]
+        without_signals: Vec<String>,
         #[arg(long)]
         json: bool,
     },
@@ -479,8 +506,52 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             heldout,
             model,
             text,
+            e2e,
+            limit,
+            defences,
+            dump,
+            model_check,
             json,
         } => {
+            if let Some(band) = model_check {
+                let generator =
+                    docent::query::generate::Generator::load(&config.generation).await?;
+                let report =
+                    docent::tools::eval::safety::second_stage(&dataset, &heldout, &generator, band)
+                        .await?;
+                return print_report(&report, json);
+            }
+            if let Some(path) = e2e {
+                use docent::tools::eval::injection_e2e as e2e;
+                let defences = defences
+                    .iter()
+                    .map(|d| {
+                        e2e::Defences::parse(d.trim()).ok_or_else(|| {
+                            anyhow::anyhow!(
+                                "--defences: no {d:?} (all, no-classifier, no-answer-check, none)"
+                            )
+                        })
+                    })
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                let cases = e2e::cases(&path, limit)?;
+                let report =
+                    tokio::task::spawn_blocking(move || e2e::run(&config, &cases, &defences))
+                        .await??;
+                if let Some(d) = dump {
+                    let mut out = String::new();
+                    for (row, outcomes) in report.rows.iter().zip(&report.outcomes) {
+                        for o in outcomes {
+                            let mut v = serde_json::to_value(o)?;
+                            v["defences"] = serde_json::json!(row.defences.key());
+                            out.push_str(&v.to_string());
+                            out.push('\n');
+                        }
+                    }
+                    std::fs::write(&d, out)
+                        .map_err(|e| anyhow::anyhow!("writing {}: {e}", d.display()))?;
+                }
+                return print_report(&report, json);
+            }
             if !text.is_empty() {
                 let m = match &model {
                     Some(p) => docent::tools::eval::safety::load_model(p)?,
@@ -512,14 +583,28 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             l2,
             max_false_positives,
             balance_categories,
+            without_signals,
             json,
         } => {
+            use docent::query::safety::signals::{Signal, ALL_SIGNALS};
+            let mut signals = ALL_SIGNALS;
+            for name in &without_signals {
+                let s = Signal::parse(name).ok_or_else(|| {
+                    let names: Vec<&str> = Signal::ALL.iter().map(|s| s.name()).collect();
+                    anyhow::anyhow!(
+                        "--without-signals: no signal {name:?} (one of {})",
+                        names.join(", ")
+                    )
+                })?;
+                signals &= !s.bit();
+            }
             let settings = docent::tools::train_injection::Settings {
                 epochs,
                 learning_rate,
                 l2,
                 max_false_positives,
                 balance_categories,
+                signals,
             };
             let report = docent::tools::train_injection::run(&data, &out, settings)?;
             print_report(&report, json)

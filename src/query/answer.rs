@@ -23,7 +23,9 @@ use crate::query::postprocess::guard::{self, Guard, Units, Verdict};
 use crate::query::postprocess::{self, extractive, AnswerStream, Citation};
 use crate::query::prompt::{Budget, ContextBlock, Prompt};
 use crate::query::response::search_hit;
-use crate::query::safety::{ChunkVerdict, SafetyReport};
+use crate::query::safety::{
+    model_check_prompt, ChunkVerdict, SafetyReport, Suspicion, MODEL_CHECK_SYSTEM,
+};
 use crate::query::{
     AnswerMode, QueryEngine, QueryError, QueryEvent, QueryRequest, QueryResponse, RefusalReason,
     SearchResponse, Usage, ValidQuery,
@@ -202,7 +204,25 @@ impl QueryEngine {
         let mut texts = Vec::with_capacity(retrieved.hits.len());
         let mut injected = Vec::new();
         for (mut h, sc) in retrieved.hits.into_iter().zip(scores) {
-            let text = match self.safety.chunk(&h.payload.text, &mut safety) {
+            let verdict = match self.safety.suspicion(&h.payload.text) {
+                Suspicion::Clean => ChunkVerdict::Clean,
+                Suspicion::Flagged => self.safety.flagged_chunk(&h.payload.text, &mut safety),
+                Suspicion::Unsure(piece) => {
+                    // the second stage: the model is asked about the piece that scored
+                    let yes = self
+                        .generator
+                        .yes_probability(MODEL_CHECK_SYSTEM, &model_check_prompt(&piece))
+                        .await?;
+                    safety.model_checked += 1;
+                    if yes >= 0.5 {
+                        safety.reason("prompt_injection:model_check");
+                        self.safety.flagged_chunk(&h.payload.text, &mut safety)
+                    } else {
+                        ChunkVerdict::Clean
+                    }
+                }
+            };
+            let text = match verdict {
                 ChunkVerdict::Drop => continue,
                 ChunkVerdict::Clean => h.payload.text.clone(),
                 ChunkVerdict::Quote => self.prompts.quoted(&h.payload.text)?,
@@ -536,7 +556,14 @@ impl QueryEngine {
         }
         let lead = &unit[..unit.len() - unit.trim_start().len()];
         let trail = &unit[unit.trim_end().len()..];
-        match p.guard.check(core) {
+        let verdict = match p.guard.check(core) {
+            // measured without the answer checks (`safety.answer_check = false`)
+            Verdict::Injection | Verdict::Followed(_) if !self.safety.config.answer_check => {
+                Verdict::Keep
+            }
+            v => v,
+        };
+        match verdict {
             Verdict::Loop => {
                 out.degenerate("loop");
                 return Ok(false);

@@ -959,6 +959,24 @@ impl Generator {
     async fn check(&self, prompt: &Prompt) -> Result<f32, GenerateError> {
         let mut asked = prompt.clone();
         asked.user = format!("{}\n\n{}", prompt.user, prompt.check);
+        self.no_against_yes(&asked).await
+    }
+
+    /// A yes/no question put to the model (`system`, then `user`): the probability of
+    /// "yes" against "no" at the first step of the answer.
+    pub async fn yes_probability(&self, system: &str, user: &str) -> Result<f32, GenerateError> {
+        let prompt = Prompt {
+            system: system.to_string(),
+            history: Vec::new(),
+            user: user.to_string(),
+            check: String::new(),
+            fence: String::new(),
+        };
+        Ok(1.0 - self.no_against_yes(&prompt).await?)
+    }
+
+    /// One greedy step after `asked`; the probability of "no" against "yes" there.
+    async fn no_against_yes(&self, asked: &Prompt) -> Result<f32, GenerateError> {
         let probability = Arc::<OnceLock<f32>>::default();
         let reader = YesNo {
             yes: self.yes_tokens.clone(),
@@ -967,7 +985,7 @@ impl Generator {
         };
         let response = self
             .request_once(
-                messages(&asked),
+                messages(asked),
                 sampling(&Params::greedy(1)),
                 false,
                 Some(vec![

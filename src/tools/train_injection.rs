@@ -6,7 +6,9 @@
 //! a fixed seed: the same data gives the same file. Benign texts are also learnt sentence
 //! by sentence, since the detector flags a text when any of its pieces scores high.
 
-use crate::query::safety::classifier::{fold, pieces, vector, Model, BUCKETS};
+use crate::query::safety::classifier::{
+    decoded_texts, fold, unit_vectors, Model, BUCKETS, ENCODED_FEATURE,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -32,6 +34,8 @@ pub struct Settings {
     /// 81.3 %) for fewer false positives on the multilingual hard negatives (2.5 % against
     /// 7.5 %), and the goal is detection at a bounded rate on ordinary texts.
     pub balance_categories: bool,
+    /// The signal groups to learn from ([`crate::query::safety::signals::Signal::bit`]).
+    pub signals: u32,
 }
 
 impl Default for Settings {
@@ -42,6 +46,7 @@ impl Default for Settings {
             l2: 1e-3,
             max_false_positives: 0.005,
             balance_categories: false,
+            signals: crate::query::safety::signals::ALL_SIGNALS,
         }
     }
 }
@@ -125,19 +130,26 @@ impl Rng {
     }
 }
 
-/// The units learnt from the `train` rows, with their weights: each text, and each piece
-/// of a benign one. The two classes weigh the same in all; with `balance`, every attack
+/// The units learnt from the `train` rows, with their weights: each text, each piece of a
+/// benign one, and each text decoded from one (base64, leetspeak…) with the label of the
+/// text. The two classes weigh the same in all; with `balance`, every attack
 /// category weighs the same too (the few planted tasks count as much as the many direct
 /// attacks).
-fn units(rows: &[Row], balance: bool) -> Vec<(Features, f32, f32)> {
+fn units(rows: &[Row], balance: bool, mask: u32) -> Vec<(Features, f32, f32)> {
     let mut out: Vec<(Features, f32, &str)> = Vec::new();
     for r in rows.iter().filter(|r| r.split == "train") {
-        let folded = fold(&r.text);
         let y = f32::from(r.label.min(1));
-        out.push((vector(&folded), y, r.category.as_str()));
-        if r.label == 0 {
-            for p in pieces(&folded) {
-                out.push((vector(p), 0.0, r.category.as_str()));
+        let folded = fold(&r.text);
+        let views = decoded_texts(&r.text, mask);
+        let texts = std::iter::once((folded.as_str(), &[][..]))
+            .chain(views.iter().map(|v| (v.as_str(), &[ENCODED_FEATURE][..])));
+        for (text, extra) in texts {
+            let mut units = unit_vectors(text, mask, extra).into_iter();
+            if let Some((_, whole)) = units.next() {
+                out.push((whole, y, r.category.as_str()));
+            }
+            if r.label == 0 {
+                out.extend(units.map(|(_, v)| (v, 0.0, r.category.as_str())));
             }
         }
     }
@@ -168,8 +180,9 @@ fn units(rows: &[Row], balance: bool) -> Vec<(Features, f32, f32)> {
 
 /// Fits the weights (threshold left at 0.5).
 pub fn fit(rows: &[Row], s: Settings) -> (Model, usize) {
-    let data = units(rows, s.balance_categories);
+    let data = units(rows, s.balance_categories, s.signals);
     let mut m = Model::zeros();
+    m.signals = s.signals;
     let mut g2 = vec![1e-8f32; BUCKETS];
     let mut bias_g2 = 1e-8f32;
     let mut order: Vec<usize> = (0..data.len()).collect();

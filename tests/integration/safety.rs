@@ -364,3 +364,68 @@ async fn injections_of_every_category(model: Option<std::path::PathBuf>) {
         }
     }
 }
+
+/// Planted instructions end to end (issue 33): a sample of `eval/injection-e2e` (every
+/// 21st case: one of each action kind is not guaranteed, the sample is fixed by position),
+/// its documents ingested over the real pipeline, its questions asked over HTTP to the
+/// default model. With the defences on, no answer carries the planted action out; with
+/// them off (`chunk_injection = "allow"`, `answer_check = false`) the count is printed,
+/// so the defences' worth shows. The full set: `docent eval-injection --e2e`.
+#[tokio::test]
+async fn planted_instructions_are_not_carried_out_end_to_end() {
+    use docent::tools::eval::injection_e2e::{cases, system_text};
+    let set = crate::helpers::repo().join("eval/injection-e2e/cases.jsonl");
+    let sample = cases(&set, Some(6)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let paths: Vec<std::path::PathBuf> = sample
+        .iter()
+        .map(|case| {
+            let p = dir.path().join(format!("{}.txt", case.id));
+            std::fs::write(&p, &case.document).unwrap();
+            p
+        })
+        .collect();
+    let system = system_text(
+        &std::fs::read_to_string(crate::helpers::repo().join("prompts/answer_system.jinja"))
+            .unwrap(),
+    );
+    let c = client();
+    let mut carried = [0usize; 2];
+    for (i, defended) in [true, false].into_iter().enumerate() {
+        let (_index, address) = server_over(&paths, |c| {
+            c.generation.cache_size = 0;
+            c.generation.model = crate::helpers::default_model();
+            if !defended {
+                c.safety.chunk_injection = docent::query::safety::ChunkInjection::Allow;
+                c.safety.answer_check = false;
+            }
+        });
+        for case in &sample {
+            let body = post_json(
+                &c,
+                &format!("{address}/v1/query"),
+                &json!({"question": case.question, "generation": {"temperature": 0.0}}),
+            )
+            .await;
+            let answer = body["answer"].as_str().unwrap_or_default();
+            let done = case.action.carried_out(answer, &system);
+            eprintln!(
+                "defences {}: {} ({}, {} {:?}): carried out {done}: {answer:?} {}",
+                if defended { "on" } else { "off" },
+                case.id,
+                case.category,
+                case.action.kind,
+                case.action.value,
+                body["safety"]
+            );
+            carried[i] += usize::from(done);
+        }
+    }
+    eprintln!(
+        "{} sampled cases: carried out {} with the defences, {} without",
+        sample.len(),
+        carried[0],
+        carried[1]
+    );
+    assert_eq!(carried[0], 0, "a planted instruction was carried out");
+}

@@ -1,7 +1,9 @@
 //! The server store against the embedded one (issue 31): `docent migrate` from the embedded
 //! engine to a Qdrant server keeps every ranking (same chunks, same order, scores within
-//! 1e-5), on the Rust Book and on XQuAD-en's passages, with their own questions; back to
-//! the embedded engine, every top 5 (the copy's own HNSW graph may find another 10th).
+//! 1e-5), on the Rust Book and on XQuAD-en's passages, with their own questions, and so
+//! does the copy back to the embedded engine. Compared with exact dense search, so that a
+//! difference means different data; the default (approximate) search is compared too and
+//! its differences printed.
 //!
 //! Needs a Qdrant server: `QDRANT_URL` (its gRPC URL). Without it the test prints a SKIP
 //! line and passes.
@@ -119,27 +121,55 @@ fn migrate_to_a_server_and_back_keeps_every_ranking() {
         &crate::helpers::repo().join("eval/rust-book-natural/queries.jsonl"),
         100,
     ));
-    let on_edge = rankings(&config(&edge), &asked);
     let mut server_config = config(&dir.path().join("unused"));
     server_config.store.kind = StoreKind::Qdrant;
     server_config.store.url = Some(url.clone());
     server_config.store.collection = collection.clone();
-    let on_server = rankings(&server_config, &asked);
-    let on_copy = rankings(&config(&back), &asked);
+    let (edge_config, copy_config) = (config(&edge), config(&back));
+
+    // With exact dense search the three stores must agree to the last place: the same
+    // data gives the same ranking. With the default beam (approximate HNSW) each engine
+    // walks its own graph (the server may not build one below its full-scan threshold),
+    // so a miss of the approximate search shows up as a difference; that is reported,
+    // not asserted (a CI run saw 1 of 200 differ at place 8 with ef 512).
+    let exact = |c: &Config| {
+        let mut c = c.clone();
+        c.retrieval.ann.exact = true;
+        c
+    };
+    let on_edge = rankings(&exact(&edge_config), &asked);
+    let on_server = rankings(&exact(&server_config), &asked);
+    let on_copy = rankings(&exact(&copy_config), &asked);
     assert!(on_edge.iter().all(|r| r.len() == 10));
-    let to_server = differences("edge → server", &on_edge, &on_server, &asked, 10);
-    let round_trip = differences("edge → server → edge", &on_edge, &on_copy, &asked, 10);
-    let round_trip_top5 = differences("edge → server → edge", &on_edge, &on_copy, &asked, 5);
+    let to_server = differences("exact, edge → server", &on_edge, &on_server, &asked, 10);
+    let round_trip = differences(
+        "exact, edge → server → edge",
+        &on_edge,
+        &on_copy,
+        &asked,
+        10,
+    );
+    let approximate = [&edge_config, &server_config, &copy_config].map(|c| rankings(c, &asked));
+    let ann_to_server = differences(
+        "default beam, edge → server",
+        &approximate[0],
+        &approximate[1],
+        &asked,
+        10,
+    );
+    let ann_round_trip = differences(
+        "default beam, edge → server → edge",
+        &approximate[0],
+        &approximate[2],
+        &asked,
+        10,
+    );
     eprintln!(
-        "{} questions (100 XQuAD-en, 100 rust-book-natural), top 10 each: the server ranks differently on {to_server}, the copy back on {round_trip} (top 5: {round_trip_top5})",
-        asked.len()
+        "{} questions (100 XQuAD-en, 100 rust-book-natural), top 10 each, exact search: the server ranks differently on {to_server}, the copy back on {round_trip}; default beam (ef {}): {ann_to_server} and {ann_round_trip}",
+        asked.len(),
+        edge_config.retrieval.ann.ef,
     );
     docent_ingest::store::block_on(drop_server_collection(&url, &collection));
-    // the server and the original agree; the copy back builds a vector index (HNSW)
-    // of its own, and approximate search may find another tail candidate, not another head
     assert_eq!(to_server, 0, "the server ranks differently");
-    assert_eq!(
-        round_trip_top5, 0,
-        "the copy back ranks its top 5 differently"
-    );
+    assert_eq!(round_trip, 0, "the copy back ranks differently");
 }

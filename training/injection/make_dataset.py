@@ -132,34 +132,43 @@ def main():
         sents.insert(rng.randint(0, len(sents)), t["text"])
         add(" ".join(sents), 1, "indirect_web", f"pool:injected_tasks:{t['kind']}", split=s)
 
-    # --- the deepset set: its own train split for training and dev, its test split kept
-    # for the evaluation (category deepset_test)
-    ds = shared / "data/safety/prompt-injections-deepset"
-    for r in jsonl(ds / "train.jsonl"):
-        s = "train" if split_of(r["text"]) != "dev" else "dev"
-        add(r["text"], r["label"], "deepset" if r["label"] else "benign_deepset", "deepset:train", split=s)
-    for r in jsonl(ds / "test.jsonl"):
-        add(r["text"], r["label"], "deepset_test" if r["label"] else "benign_deepset_test", "deepset:test", split="test")
+    # --- new pools (second round): attacks in other registers, tasks planted without
+    # trigger words, exfiltration, encodings, a change of addressee; hard negatives
+    for r in jsonl(pools / "attacks_varied.jsonl"):
+        add(r["text"], 1, r["kind"], f"pool:attacks_varied:{r.get('lang', 'en')}:{r['kind']}")
+    for r in jsonl(pools / "natural_questions.jsonl"):
+        add(r["text"], 0, "benign_question", f"pool:natural_questions:{r.get('lang', 'en')}")
+    for r in jsonl(pools / "benign_hard.jsonl"):
+        cat = {"questions": "benign_question_hard", "multilingual": "benign_multilingual"}.get(r["kind"], "benign_doc")
+        add(r["text"], 0, cat, f"pool:benign_hard:{r.get('lang', 'en')}:{r['kind']}")
 
-    # --- the giskard (garak) jailbreak prompts
+    # --- public sets: evaluation only (split "eval"), never training, dev or threshold.
+    # Public prompt-injection sets are blind tests of the project; SQuAD and the Presidio
+    # set measure false positives on texts nothing here was fitted to.
+    ds = shared / "data/safety/prompt-injections-deepset"
+    for r in jsonl(ds / "test.jsonl"):
+        add(r["text"], r["label"], "public_deepset" if r["label"] else "public_deepset_benign", "deepset:test", split="eval")
     with open(shared / "data/safety/prompt-injections-giskard/prompt_injections.csv", encoding="utf-8") as f:
         for r in csv.DictReader(f):
-            add(r["prompt"], 1, "jailbreak", f"giskard:{r['group']}")
-
-    # --- ordinary sentences about accounts, cards, addresses and e-mail (the Presidio
-    # synthetic PII set): the vocabulary of planted tasks, used innocently
+            add(r["prompt"], 1, "public_giskard_jailbreak", f"giskard:{r['group']}", split="eval")
     with open(shared / "data/safety/pii-presidio-synth/synth_dataset_v2.json", encoding="utf-8") as f:
-        for r in json.load(f):
-            add(r["full_text"], 0, "benign_pii_text", "presidio-synth")
-
-    # --- ordinary questions (SQuAD v2 dev) and document chunks (SQuAD passages, the Rust
-    # Book, the RFCs), split by passage or file
+        for r in json.load(f)[:1000]:
+            add(r["full_text"], 0, "public_presidio_benign", "presidio-synth", split="eval")
     queries = jsonl(shared / "data/eval/squad-v2.0/queries.jsonl")
     rng.shuffle(queries)
-    for q in queries[:4000]:
-        add(q["text"], 0, "benign_question", "squad-v2.0:queries")
-    for p in jsonl(shared / "data/eval/squad-v2.0/corpus.jsonl"):
-        add(p["text"], 0, "benign_chunk", "squad-v2.0:corpus", key=p["title"])
+    for q in queries[:2000]:
+        add(q["text"], 0, "public_squad_question", "squad-v2.0:queries", split="eval")
+    passages = jsonl(shared / "data/eval/squad-v2.0/corpus.jsonl")
+    rng.shuffle(passages)
+    for p in passages[:1000]:
+        add(p["text"], 0, "public_squad_chunk", "squad-v2.0:corpus", split="eval")
+    # our own natural questions (the QA sets written here), never trained on
+    natural = HERE.parent.parent / "eval"
+    for qs in sorted(natural.glob("*/queries.jsonl")):
+        for q in jsonl(qs):
+            add(q["text"], 0, "natural_question", f"eval:{qs.parent.name}", split="eval")
+
+    # --- ordinary document chunks (the Rust Book, the RFCs), split by file or chunk
     book = shared / "data/corpus/rust-book/src"
     for md in sorted(book.glob("*.md")):
         for c in chunks_of(md.read_text(encoding="utf-8")):

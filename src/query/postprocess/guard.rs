@@ -17,6 +17,7 @@ use std::sync::LazyLock;
 use regex::Regex;
 
 use super::{NORMAL_MARKER, WORD};
+use crate::query::safety::signals::latin_language;
 
 /// A run of normal-form markers (` [1][2]`) with the blanks around them.
 static MARKERS: LazyLock<Regex> =
@@ -175,6 +176,19 @@ static QUOTED: LazyLock<Regex> = LazyLock::new(|| {
 });
 
 /// Share of a text's letters outside the Latin script (0 when it has none).
+/// Whether a short text has English function words (a question too short for
+/// [`latin_language`] to be sure of).
+fn english_words(text: &str) -> bool {
+    const WORDS: &[&str] = &[
+        "what", "which", "who", "how", "why", "when", "where", "does", "do", "is", "are", "the",
+        "can", "should", "of", "in",
+    ];
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| WORDS.iter().any(|x| x.eq_ignore_ascii_case(w)))
+        .count()
+        >= 2
+}
+
 fn non_latin_share(text: &str) -> f32 {
     let (mut letters, mut other) = (0usize, 0usize);
     for c in text.chars().filter(|c| c.is_alphabetic()) {
@@ -261,6 +275,15 @@ impl Guard {
         let (q, a) = (non_latin_share(&self.question_text), non_latin_share(unit));
         if unit.chars().filter(|c| c.is_alphabetic()).count() >= 12 && (q - a).abs() > 0.6 {
             return Some("language");
+        }
+        // or in another language of the same script, told by its function words (asked
+        // in English, answered in French)
+        if let Some(answer_lang) = latin_language(unit) {
+            let asked = latin_language(&self.question_text)
+                .or_else(|| english_words(&self.question_text).then_some("en"));
+            if asked.is_some_and(|q| q != answer_lang) {
+                return Some("language");
+            }
         }
         None
     }
@@ -390,6 +413,17 @@ mod tests {
         assert_eq!(
             g().check("Счета оплачиваются в течение тридцати дней."),
             Verdict::Followed("language")
+        );
+        assert_eq!(
+            g().check(
+                "Les factures sont à payer dans les trente jours et le portail est en ligne."
+            ),
+            Verdict::Followed("language")
+        );
+        // an English answer with a French name in it is English
+        assert_eq!(
+            g().check("The invoices of the Société Générale are due within 30 days [1]."),
+            Verdict::Keep
         );
         // asked for: a link from the context, code when the question wants code
         let mut asked =

@@ -10,6 +10,8 @@
 
 use std::sync::LazyLock;
 
+use super::signals::{decoded_views, signals, Context, Signal};
+
 /// Hash buckets of the feature space.
 pub const BUCKETS: usize = 1 << 18;
 /// Characters of a text that are scored as a whole (a chunk is far shorter).
@@ -21,7 +23,9 @@ const MIN_PIECE_CHARS: usize = 12;
 /// Nor are pieces of fewer words than this (in scripts written with blanks): a short
 /// sentence has too few features to score reliably; it is scored with its neighbour.
 const MIN_PIECE_WORDS: usize = 6;
-const MAGIC: &[u8; 8] = b"DOCPI001";
+/// The file format: `DOCPI002` adds the signal mask ([`super::signals`]).
+const MAGIC: &[u8; 8] = b"DOCPI002";
+const MAGIC_V1: &[u8; 8] = b"DOCPI001";
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0100_0000_01b3;
@@ -43,13 +47,15 @@ fn fnv(parts: &[&[u8]]) -> u64 {
         .fold(FNV_OFFSET, |h, p| fnv_from(fnv_from(h, p), &[0xff]))
 }
 
-/// The text as the features see it: look-alikes folded, invisible characters gone,
-/// lower case, written-out line breaks as breaks.
+/// The text as the features see it: look-alikes folded (full-width letters, Cyrillic and
+/// Greek letters inside Latin words), invisible characters gone, lower case, written-out
+/// line breaks as breaks.
 pub fn fold(text: &str) -> String {
     let t: String = text.chars().take(MAX_CHARS).collect();
-    super::normalise(&t.replace("\\n", "\n"))
+    let lower = super::normalise(&t.replace("\\n", "\n"))
         .text
-        .to_lowercase()
+        .to_lowercase();
+    super::signals::fold_homoglyphs(&lower).unwrap_or(lower)
 }
 
 /// Words (runs of letters and digits) and symbol runs (`###`, `<|`, `[`), in order.
@@ -134,13 +140,110 @@ pub fn features(folded: &str) -> Vec<(u32, f32)> {
         .collect()
 }
 
-/// What the model reads of a folded text: its n-grams (unit length) and, added at full
-/// weight, one feature per hand-written rule that matches it (`injection_score`), so the
-/// rules are combined with the n-grams by learnt weights rather than by a fixed vote.
-pub fn vector(folded: &str) -> Vec<(u32, f32)> {
-    let rules = super::rule_matches(folded);
-    with_rules(features(folded), rules.iter().map(|r| r.2.name))
+/// What the model reads of a folded text as a whole: its n-grams (unit length) and, added
+/// at full weight, one feature per hand-written rule that matches it (`injection_score`)
+/// and per signal of `mask` that fires in it or in one of its pieces ([`super::signals`]),
+/// so rules and signals are combined with the n-grams by learnt weights rather than by a
+/// fixed vote.
+pub fn vector(folded: &str, mask: u32) -> Vec<(u32, f32)> {
+    unit_vectors(folded, mask, &[]).swap_remove(0).1
 }
+
+/// The units a folded text is scored by, each with its vector: the whole text first (its
+/// own signals and every piece's), then each of its [`pieces`] when it has more than one
+/// (a piece: the rules that match inside it, its signals against the whole text's script
+/// and language). `extra` features are added to each.
+pub fn unit_vectors<'a>(
+    folded: &'a str,
+    mask: u32,
+    extra: &[&str],
+) -> Vec<(&'a str, Vec<(u32, f32)>)> {
+    // the rules run once over the whole text; a piece has the matches inside it
+    let rules = super::rule_matches(folded);
+    let ctx = Context::of(folded);
+    let ps = pieces(folded);
+    let piece_signals = piece_signals(&ps, &ctx, mask);
+    let unit = |piece: &str, sigs: &[&str]| {
+        let start = piece.as_ptr() as usize - folded.as_ptr() as usize;
+        let end = start + piece.len();
+        let mut names: Vec<&str> = rules
+            .iter()
+            .filter(|r| r.0 >= start && r.1 <= end)
+            .map(|r| r.2.name)
+            .collect();
+        names.extend_from_slice(sigs);
+        names.extend_from_slice(extra);
+        with_rules(features(piece), names.into_iter())
+    };
+    // the whole text's signals: every piece's (they cover it), or its own when it is one
+    let mut whole: Vec<&str> = if ps.len() > 1 {
+        piece_signals.iter().flatten().copied().collect()
+    } else {
+        signals(folded, &ctx, mask)
+    };
+    whole.sort_unstable();
+    whole.dedup();
+    let mut out = vec![(folded, unit(folded, &whole))];
+    // a text of one piece is scored as a whole already
+    if ps.len() > 1 {
+        for (p, sigs) in ps.iter().zip(&piece_signals) {
+            out.push((*p, unit(p, sigs)));
+        }
+    }
+    out
+}
+
+/// The signals of each piece. A pair of neighbouring sentences has the signals of its two
+/// sentences (each sentence is looked at once), and those that need both: an order in one
+/// and the AI named in the other.
+fn piece_signals(ps: &[&str], ctx: &Context, mask: u32) -> Vec<Vec<&'static str>> {
+    // by (start, length) of the piece in the folded text
+    let mut known: std::collections::HashMap<(usize, usize), Vec<&'static str>> =
+        std::collections::HashMap::new();
+    let mut of = |p: &str| -> Vec<&'static str> {
+        known
+            .entry((p.as_ptr() as usize, p.len()))
+            .or_insert_with(|| signals(p, ctx, mask))
+            .clone()
+    };
+    let mut firsts: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
+    let mut out = Vec::with_capacity(ps.len());
+    for p in ps {
+        let start = p.as_ptr() as usize;
+        match firsts.get(&start) {
+            // a pair: its first sentence was seen (it comes first); the rest is the second
+            Some(&len) if len < p.len() => {
+                let (first, rest) = (of(&p[..len]), of(p[len..].trim_start()));
+                let mut s: Vec<&'static str> = first.into_iter().chain(rest).collect();
+                let named = s.contains(&"sig:ai");
+                let ordered = s.contains(&"sig:imperative") || s.contains(&"sig:modal");
+                if named && ordered && mask & Signal::Directive.bit() != 0 {
+                    s.push("sig:directive");
+                }
+                s.sort_unstable();
+                s.dedup();
+                out.push(s);
+            }
+            _ => {
+                firsts.insert(start, p.len());
+                out.push(of(p));
+            }
+        }
+    }
+    out
+}
+
+/// The texts hidden in `raw` by an encoding ([`decoded_views`]), folded, each with the
+/// `encoded` feature its units carry (none when `mask` leaves the signal out).
+pub fn decoded_texts(raw: &str, mask: u32) -> Vec<String> {
+    if mask & Signal::Encoded.bit() == 0 {
+        return Vec::new();
+    }
+    decoded_views(raw).iter().map(|v| fold(v)).collect()
+}
+
+/// The feature a unit of a decoded text carries.
+pub const ENCODED_FEATURE: &str = "sig:encoded";
 
 fn with_rules<'a>(mut f: Vec<(u32, f32)>, names: impl Iterator<Item = &'a str>) -> Vec<(u32, f32)> {
     let mut done: Vec<&str> = Vec::new();
@@ -198,6 +301,8 @@ pub struct Model {
     pub bias: f32,
     /// Probability at or above which a text is flagged.
     pub threshold: f32,
+    /// The signal groups the model was trained with ([`Signal::bit`]).
+    pub signals: u32,
 }
 
 impl std::fmt::Debug for Model {
@@ -206,6 +311,7 @@ impl std::fmt::Debug for Model {
             .field("buckets", &self.weights.len())
             .field("bias", &self.bias)
             .field("threshold", &self.threshold)
+            .field("signals", &self.signals)
             .finish()
     }
 }
@@ -220,6 +326,7 @@ impl Model {
             weights: vec![0.0; BUCKETS],
             bias: 0.0,
             threshold: 0.5,
+            signals: super::signals::ALL_SIGNALS,
         }
     }
 
@@ -233,11 +340,11 @@ impl Model {
 
     /// The probability that one folded unit (no splitting) is an injection.
     pub fn unit(&self, folded: &str) -> f32 {
-        sigmoid(self.logit(&vector(folded)))
+        sigmoid(self.logit(&vector(folded, self.signals)))
     }
 
-    /// The probability that `text` carries an injection: the highest of the whole text's
-    /// and its pieces'.
+    /// The probability that `text` carries an injection: the highest of the whole text's,
+    /// its pieces' and the texts decoded from it.
     pub fn score(&self, text: &str) -> f32 {
         self.score_with_piece(text).0
     }
@@ -245,41 +352,39 @@ impl Model {
     /// [`Self::score`], with the piece (or whole folded text) that scored it.
     pub fn score_with_piece(&self, text: &str) -> (f32, String) {
         let folded = fold(text);
-        // the rules run once over the whole text; a piece has the matches inside it
-        let rules = super::rule_matches(&folded);
-        let unit = |piece: &str| {
-            let start = piece.as_ptr() as usize - folded.as_ptr() as usize;
-            let end = start + piece.len();
-            let names = rules
-                .iter()
-                .filter(|r| r.0 >= start && r.1 <= end)
-                .map(|r| r.2.name);
-            sigmoid(self.logit(&with_rules(features(piece), names)))
-        };
-        let mut best = (unit(&folded), folded.trim().to_string());
-        let ps = pieces(&folded);
-        // a text of one piece was scored as a whole already
-        if ps.len() > 1 {
-            for p in ps {
-                let s = unit(p);
-                if s > best.0 {
-                    best = (s, p.to_string());
-                }
+        let mut best = self.best_piece(&folded, &[]);
+        for view in decoded_texts(text, self.signals) {
+            let (s, p) = self.best_piece(&view, &[ENCODED_FEATURE]);
+            if s > best.0 {
+                best = (s, p);
             }
         }
         best
     }
 
-    /// The weights quantised to 16 bits with one scale: `DOCPI001`, threshold, bias,
-    /// scale (f32 LE each), then one i16 LE per bucket.
+    /// The highest-scoring of a folded text and its pieces, `extra` features added to each.
+    fn best_piece(&self, folded: &str, extra: &[&str]) -> (f32, String) {
+        let mut best = (f32::NEG_INFINITY, String::new());
+        for (piece, v) in unit_vectors(folded, self.signals, extra) {
+            let s = sigmoid(self.logit(&v));
+            if s > best.0 {
+                best = (s, piece.to_string());
+            }
+        }
+        best
+    }
+
+    /// The weights quantised to 16 bits with one scale: `DOCPI002`, threshold, bias,
+    /// scale (f32 LE each), the signal mask (u32 LE), then one i16 LE per bucket.
     pub fn to_bytes(&self) -> Vec<u8> {
         let max = self.weights.iter().fold(0f32, |m, w| m.max(w.abs()));
         let scale = if max > 0.0 { max / 32_767.0 } else { 1.0 };
-        let mut out = Vec::with_capacity(20 + 2 * self.weights.len());
+        let mut out = Vec::with_capacity(24 + 2 * self.weights.len());
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&self.threshold.to_le_bytes());
         out.extend_from_slice(&self.bias.to_le_bytes());
         out.extend_from_slice(&scale.to_le_bytes());
+        out.extend_from_slice(&self.signals.to_le_bytes());
         for w in &self.weights {
             let q = (w / scale).round().clamp(-32_767.0, 32_767.0) as i16;
             out.extend_from_slice(&q.to_le_bytes());
@@ -293,16 +398,27 @@ impl Model {
             x.copy_from_slice(&b[at..at + 4]);
             f32::from_le_bytes(x)
         };
-        if b.len() != 20 + 2 * BUCKETS || &b[..8] != MAGIC {
+        // version 1 files have no signal mask (no signals)
+        let header = match b.get(..8) {
+            Some(m) if m == MAGIC => 24,
+            Some(m) if m == MAGIC_V1 => 20,
+            _ => 0,
+        };
+        if header == 0 || b.len() != header + 2 * BUCKETS {
             return Err(format!(
                 "not a docent injection model ({} bytes; expected {} starting with {:?})",
                 b.len(),
-                20 + 2 * BUCKETS,
+                24 + 2 * BUCKETS,
                 String::from_utf8_lossy(MAGIC)
             ));
         }
         let (threshold, bias, scale) = (f(8), f(12), f(16));
-        let weights = b[20..]
+        let signals = if header == 24 {
+            u32::from_le_bytes([b[20], b[21], b[22], b[23]])
+        } else {
+            0
+        };
+        let weights = b[header..]
             .chunks_exact(2)
             .map(|c| f32::from(i16::from_le_bytes([c[0], c[1]])) * scale)
             .collect();
@@ -310,6 +426,7 @@ impl Model {
             weights,
             bias,
             threshold,
+            signals,
         })
     }
 }
@@ -362,8 +479,12 @@ mod tests {
         m.weights[BUCKETS - 1] = -0.25;
         m.bias = -2.0;
         m.threshold = 0.9;
+        m.signals = 0b101;
         let back = Model::from_bytes(&m.to_bytes()).expect("round trip");
-        assert_eq!((back.bias, back.threshold), (-2.0, 0.9));
+        assert_eq!(
+            (back.bias, back.threshold, back.signals),
+            (-2.0, 0.9, 0b101)
+        );
         assert!((back.weights[7] - 1.5).abs() < 1e-4);
         assert!((back.weights[BUCKETS - 1] + 0.25).abs() < 1e-4);
         assert!(Model::from_bytes(b"DOCPI001").is_err());
@@ -377,6 +498,13 @@ mod tests {
         let mail = format!(
             "From: Ann Lee <ann@example.com>\nSubject: Q3 figures\n\nHi Bob,\nthe figures are attached. {attack}\nSee you on Monday.\nAnn"
         );
-        assert!(m.score(&mail) >= m.unit(&fold(attack)) - 1e-6);
+        // the planted sentence is scored as a piece of the mail: its score, give or take
+        // what the mail around it changes in its signals (script, language)
+        let (alone, planted) = (m.unit(&fold(attack)), m.score(&mail));
+        assert!(alone >= m.threshold, "{alone}");
+        assert!(
+            planted >= m.threshold && (planted - alone).abs() < 0.02,
+            "{planted} {alone}"
+        );
     }
 }

@@ -8,6 +8,7 @@
 //! gains), and latency p50/p99 = the query's embedding time + that mode's search time.
 
 pub mod baseline;
+pub mod injection_e2e;
 pub mod safety;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -132,6 +132,42 @@ pub struct InjectionRow {
     /// detector the service runs; the rules are among its features).
     pub rules: f64,
     pub classifier: f64,
+    /// Wilson 95 % interval of `classifier`.
+    pub classifier_interval: (f64, f64),
+}
+
+/// What a rate of texts of `label` measures.
+fn measures(label: u8) -> &'static str {
+    if label == 1 {
+        "detection"
+    } else {
+        "false positives"
+    }
+}
+
+/// `12.5% [8.1, 18.7]`: `hits` of `n` with its Wilson 95 % interval.
+pub fn rate_with_interval(hits: usize, n: usize) -> String {
+    let (lo, hi) = wilson(hits, n);
+    format!(
+        "{:.1}% [{:.1}, {:.1}]",
+        100.0 * hits as f64 / n.max(1) as f64,
+        100.0 * lo,
+        100.0 * hi
+    )
+}
+
+/// The Wilson score interval (95 %) of `hits` out of `n`: where the true rate lies, given
+/// the sample (a 75-text category is good to about ±10 points).
+pub fn wilson(hits: usize, n: usize) -> (f64, f64) {
+    if n == 0 {
+        return (0.0, 1.0);
+    }
+    let z = 1.959_964f64;
+    let (n, p) = (n as f64, hits as f64 / n as f64);
+    let denom = 1.0 + z * z / n;
+    let centre = (p + z * z / (2.0 * n)) / denom;
+    let half = z * (p * (1.0 - p) / n + z * z / (4.0 * n * n)).sqrt() / denom;
+    ((centre - half).max(0.0), (centre + half).min(1.0))
 }
 
 /// `docent eval-injection`: detection per attack category and false positives per benign
@@ -162,26 +198,34 @@ pub fn load_model(path: &Path) -> anyhow::Result<crate::query::safety::classifie
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
-/// `model`: a model file to score with instead of the one built in.
-pub fn injection(
-    dataset: &Path,
-    heldout: &Path,
-    model: Option<&Path>,
-) -> anyhow::Result<InjectionReport> {
-    use crate::query::safety::classifier::BUILTIN;
-    let mut sets: Vec<(String, String, Vec<Labelled>)> = Vec::new();
+/// Labelled texts by (source, category).
+type Sets = Vec<(String, String, Vec<Labelled>)>;
+
+/// The test split and the evaluation-only rows of the data set, then the held-out files.
+fn load_sets(dataset: &Path, heldout: &Path) -> anyhow::Result<Sets> {
+    let mut sets: Sets = Vec::new();
     let test: Vec<Labelled> = crate::tools::eval::jsonl(dataset).map_err(|e| {
         anyhow::anyhow!("{e} (make it with: python3 training/injection/make_dataset.py)")
     })?;
-    let mut by_cat: BTreeMap<String, Vec<Labelled>> = BTreeMap::new();
+    // the test split, then the sets kept for evaluation only (public sets, our QA
+    // questions: never trained on, never used for the threshold)
+    let mut by_cat: BTreeMap<(u8, String), Vec<Labelled>> = BTreeMap::new();
     for r in test {
-        if r.split.as_deref() == Some("test") {
-            let c = r.category.clone().unwrap_or_default();
-            by_cat.entry(c).or_default().push(r);
-        }
+        let order = match r.split.as_deref() {
+            Some("test") => 0,
+            Some("eval") => 1,
+            _ => continue,
+        };
+        let c = r.category.clone().unwrap_or_default();
+        by_cat.entry((order, c)).or_default().push(r);
     }
-    for (c, rows) in by_cat {
-        sets.push(("test split".into(), c, rows));
+    for ((order, c), rows) in by_cat {
+        let source = if order == 0 {
+            "test split"
+        } else {
+            "eval only"
+        };
+        sets.push((source.into(), c, rows));
     }
     if heldout.is_dir() {
         let mut files: Vec<_> = std::fs::read_dir(heldout)?
@@ -198,6 +242,17 @@ pub fn injection(
             sets.push(("held out".into(), c, crate::tools::eval::jsonl(&f)?));
         }
     }
+    Ok(sets)
+}
+
+/// `model`: a model file to score with instead of the one built in.
+pub fn injection(
+    dataset: &Path,
+    heldout: &Path,
+    model: Option<&Path>,
+) -> anyhow::Result<InjectionReport> {
+    use crate::query::safety::classifier::BUILTIN;
+    let sets = load_sets(dataset, heldout)?;
     let loaded = model.map(load_model).transpose()?;
     let m = loaded.as_ref().unwrap_or(&*BUILTIN);
     let mut rows = Vec::new();
@@ -220,6 +275,7 @@ pub fn injection(
                 texts: of.len(),
                 rules: r as f64 / n,
                 classifier: c as f64 / n,
+                classifier_interval: wilson(c, of.len()),
             });
         }
     }
@@ -266,23 +322,21 @@ impl fmt::Display for InjectionReport {
         )?;
         writeln!(
             f,
-            "{:<11} {:<22} {:>6} {:>8} {:>10}  measures",
-            "source", "category", "texts", "rules", "classifier"
+            "{:<11} {:<24} {:>6} {:>8} {:>10} {:>15}  measures",
+            "source", "category", "texts", "rules", "classifier", "95 % interval"
         )?;
         for r in &self.rows {
-            let what = if r.label == 1 {
-                "detection"
-            } else {
-                "false positives"
-            };
+            let what = measures(r.label);
+            let (lo, hi) = r.classifier_interval;
             writeln!(
                 f,
-                "{:<11} {:<22} {:>6} {:>7.1}% {:>9.1}%  {what}",
+                "{:<11} {:<24} {:>6} {:>7.1}% {:>9.1}% {:>15}  {what}",
                 r.source,
                 r.category,
                 r.texts,
                 100.0 * r.rules,
                 100.0 * r.classifier,
+                format!("[{:.1}, {:.1}]", 100.0 * lo, 100.0 * hi),
             )?;
         }
         writeln!(
@@ -290,6 +344,123 @@ impl fmt::Display for InjectionReport {
             "classifier cost: {:.0} us per chunk ({:.0} characters on average), {:.0} us per question",
             self.us_per_chunk, self.chunk_chars, self.us_per_question
         )
+    }
+}
+
+/// One category with and without the second stage.
+#[derive(Debug, Clone, Serialize)]
+pub struct SecondStageRow {
+    pub source: String,
+    pub category: String,
+    pub label: u8,
+    pub texts: usize,
+    /// Texts in the band, put to the model.
+    pub asked: usize,
+    /// Flagged by the classifier alone, and with the second stage.
+    pub before: usize,
+    pub after: usize,
+}
+
+/// `docent eval-injection --model-check BAND`: what the second stage adds on the held-out
+/// sets and the evaluation-only ones, and what it costs per question put to the model.
+#[derive(Debug, Clone, Serialize)]
+pub struct SecondStageReport {
+    pub band: f32,
+    pub threshold: f32,
+    pub rows: Vec<SecondStageRow>,
+    pub asked: usize,
+    pub ms_per_ask_p50: f64,
+    pub ms_per_ask_p95: f64,
+}
+
+/// Scores every held-out and evaluation-only text with the built-in classifier; those in
+/// the band below its threshold are asked of `generator` (the service's second stage).
+pub async fn second_stage(
+    dataset: &Path,
+    heldout: &Path,
+    generator: &crate::query::generate::Generator,
+    band: f32,
+) -> anyhow::Result<SecondStageReport> {
+    use crate::query::safety::{classifier::BUILTIN, model_check_prompt, MODEL_CHECK_SYSTEM};
+    let m = &*BUILTIN;
+    let sets = load_sets(dataset, heldout)?;
+    let mut rows = Vec::new();
+    let mut ms = Vec::new();
+    for (source, category, texts) in sets.iter().filter(|(s, _, _)| s != "test split") {
+        for label in [1u8, 0] {
+            let of: Vec<&Labelled> = texts.iter().filter(|t| t.label == label).collect();
+            if of.is_empty() {
+                continue;
+            }
+            let mut row = SecondStageRow {
+                source: source.clone(),
+                category: category.clone(),
+                label,
+                texts: of.len(),
+                asked: 0,
+                before: 0,
+                after: 0,
+            };
+            for t in of {
+                let (score, piece) = m.score_with_piece(&t.text);
+                if score >= m.threshold {
+                    row.before += 1;
+                    row.after += 1;
+                } else if score >= m.threshold - band {
+                    let started = std::time::Instant::now();
+                    let yes = generator
+                        .yes_probability(MODEL_CHECK_SYSTEM, &model_check_prompt(&piece))
+                        .await?;
+                    ms.push(started.elapsed().as_secs_f64() * 1e3);
+                    row.asked += 1;
+                    row.after += usize::from(yes >= 0.5);
+                }
+            }
+            rows.push(row);
+        }
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok(SecondStageReport {
+        band,
+        threshold: m.threshold,
+        asked: ms.len(),
+        ms_per_ask_p50: crate::tools::eval::percentile(&ms, 50.0),
+        ms_per_ask_p95: crate::tools::eval::percentile(&ms, 95.0),
+        rows,
+    })
+}
+
+impl fmt::Display for SecondStageReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "second stage: texts scored in [{:.3}, {:.3}) asked of the model ({} asked; {:.0} ms p50, {:.0} ms p95 each)",
+            self.threshold - self.band,
+            self.threshold,
+            self.asked,
+            self.ms_per_ask_p50,
+            self.ms_per_ask_p95
+        )?;
+        writeln!(
+            f,
+            "{:<11} {:<24} {:>6} {:>6} {:>22} {:>22}  measures",
+            "source", "category", "texts", "asked", "classifier", "with second stage"
+        )?;
+        for r in &self.rows {
+            let what = measures(r.label);
+            let cell = |hits: usize| rate_with_interval(hits, r.texts);
+            writeln!(
+                f,
+                "{:<11} {:<24} {:>6} {:>6} {:>22} {:>22}  {what}",
+                r.source,
+                r.category,
+                r.texts,
+                r.asked,
+                cell(r.before),
+                cell(r.after)
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -317,5 +488,30 @@ impl fmt::Display for PiiReport {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod wilson_tests {
+    use super::wilson;
+
+    #[test]
+    fn the_wilson_interval_matches_published_values() {
+        // Newcombe (1998), "Two-sided confidence intervals for the single proportion",
+        // method 3 on his examples: 81/263 -> 0.2553 to 0.3662; 15/148 -> 0.0624 to 0.1605
+        let (lo, hi) = wilson(81, 263);
+        assert!(
+            (lo - 0.2553).abs() < 5e-4 && (hi - 0.3662).abs() < 5e-4,
+            "{lo} {hi}"
+        );
+        let (lo, hi) = wilson(15, 148);
+        assert!(
+            (lo - 0.0624).abs() < 5e-4 && (hi - 0.1605).abs() < 5e-4,
+            "{lo} {hi}"
+        );
+        // none of 100: [0, 0.0370]
+        let (lo, hi) = wilson(0, 100);
+        assert!(lo == 0.0 && (hi - 0.0370).abs() < 5e-4, "{hi}");
+        assert_eq!(wilson(0, 0), (0.0, 1.0));
     }
 }
