@@ -271,7 +271,7 @@ impl Context {
 static AI: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(concat!(
         r"(?-u:\b)(ai|a\.i\.|assistant|chatbot|bot|language model|llm|the model|gpt|chatgpt|copilot|claude|gemini|summari[sz]er|agent)s?(?-u:\b)",
-        r"|(?-u:\b)(ki|ki-assistent|sprachmodell|assistent|l'ia|l’ia|assistant ia|modèle de langage|asistente|modelo de lenguaje|la ia|assistente|modello linguistico|l'ia|modelo de linguagem|taalmodel)(?-u:\b)",
+        r"|(?-u:\b)(ki|ki-assistent|sprachmodell|assistent|l'ia|l’ia|assistant ia|modèle de langage|asistente|modelo de lenguaje|la ia|assistente|modello linguistico|modelo de linguagem|taalmodel)(?-u:\b)",
         r"|(^|[^а-яё])ии([^а-яё]|$)|ассистент|языковая модель|нейросеть|модель|助手|模型|人工智能|アシスタント|言語モデル|ＡＩ|어시스턴트|언어 모델|인공지능|مساعد|الذكاء الاصطناعي|सहायक|यंत्र|trợ lý|mô hình|yapay zeka|asistan",
     ))
     .expect("valid regex")
