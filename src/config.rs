@@ -486,7 +486,7 @@ pub struct RetrievalConfig {
     /// The refusal signal adds this weight × the share of the question's terms that the
     /// retrieved chunks contain to the best chunk's cosine similarity; 0 (the default) =
     /// cosine only. With 0.5 and a `min_score` calibrated by `docent eval` on your own
-    /// questions, far more unanswerable natural questions are refused (README,
+    /// questions, far more unanswerable natural questions are refused (docs/evaluation.md,
     /// "Retrieval quality"). At most 2.
     #[serde(default)]
     pub term_weight: f32,
@@ -566,6 +566,7 @@ impl Default for Config {
                 isq: None,
                 uqff: None,
                 draft: None,
+                lookup_tokens: crate::query::generate::default_lookup_tokens(),
                 dtype: "f32".into(),
                 device: "cpu".into(),
                 max_tokens: 256,
@@ -629,6 +630,7 @@ impl Config {
             keep_alive: std::time::Duration::from_millis(c.server.keep_alive_ms.max(1)),
             default_answer_mode: c.generation.answer_mode,
             greedy_only: c.generation.draft.is_some(),
+            default_lookup_tokens: c.generation.lookup_tokens,
             refusal_phrase: c.generation.refusal_phrase.trim().to_string(),
             attribution: c
                 .citations
@@ -1017,6 +1019,22 @@ impl Config {
             return invalid(
                 "generation.refusal_check",
                 "\"question\" asks the model whether the passages hold the answer, which is off when generation.refusal_phrase is empty; set a refusal phrase or use \"first_token\"".to_string(),
+            );
+        }
+        let lookup_max = crate::query::generate::lookup::MAX_DRAFT_TOKENS;
+        if self.generation.lookup_tokens > lookup_max {
+            return invalid(
+                "generation.lookup_tokens",
+                format!(
+                    "must be between 0 (off) and {lookup_max}, got {}",
+                    self.generation.lookup_tokens
+                ),
+            );
+        }
+        if self.generation.draft.is_some() && self.generation.lookup_tokens > 0 {
+            return invalid(
+                "generation.lookup_tokens",
+                "prompt-lookup drafts and a draft model (generation.draft) are alternatives: set generation.lookup_tokens = 0 or remove generation.draft".into(),
             );
         }
         if let Some(draft) = &self.generation.draft {

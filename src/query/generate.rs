@@ -8,6 +8,7 @@
 pub mod catalog;
 pub mod cpu_kernels;
 pub mod device;
+pub mod lookup;
 
 use serde::{Deserialize, Serialize};
 use std::num::NonZeroUsize;
@@ -106,6 +107,13 @@ pub struct GenerationConfig {
     /// tokens, the target checks them in one pass. Greedy only.
     #[serde(default)]
     pub draft: Option<DraftConfig>,
+    /// Prompt-lookup drafts: when the answer's last tokens occurred earlier in the prompt or
+    /// the answer, up to this many of the tokens that followed them there are checked in
+    /// the same forward pass as the next token ([`lookup`]); the output is plain
+    /// decoding's. 0 = off. Not with `draft` (a draft model). A request may set its own
+    /// (`generation.lookup_tokens`).
+    #[serde(default = "default_lookup_tokens")]
+    pub lookup_tokens: usize,
     /// Activation dtype: `f32` (fastest on CPU), `f16`, `bf16` or `auto`.
     pub dtype: String,
     /// `cpu`; `cuda` or `cuda:N` (a build with `--features cuda`; an error otherwise); or
@@ -244,6 +252,10 @@ pub(crate) fn default_gamma() -> usize {
     4
 }
 
+pub(crate) fn default_lookup_tokens() -> usize {
+    0
+}
+
 /// Per-request decoding settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Params {
@@ -262,6 +274,8 @@ pub struct Params {
     pub dry_allowed_length: usize,
     /// Strings that end the answer; cut out of the text.
     pub stop: Vec<String>,
+    /// Most tokens of a prompt-lookup draft per step; 0 = off ([`lookup`]).
+    pub lookup_tokens: usize,
 }
 
 impl Params {
@@ -276,6 +290,7 @@ impl Params {
             dry_multiplier: 0.0,
             dry_allowed_length: default_dry_allowed_length(),
             stop: vec![],
+            lookup_tokens: 0,
         }
     }
 }
@@ -345,6 +360,10 @@ pub struct Generator {
     /// First tokens of "yes" and "no", for [`RefusalCheck::Question`].
     yes_tokens: Vec<u32>,
     no_tokens: Vec<u32>,
+    /// `generation.lookup_tokens`: prompt-lookup drafts of raw completions
+    /// ([`Generator::complete_tokens`], [`Generator::stream_tokens`]); chat requests carry
+    /// their own in [`Params`].
+    lookup_tokens: usize,
 }
 
 /// Text to token ids with the model's tokenizer.
@@ -729,6 +748,8 @@ impl Generator {
         cpu_kernels::install(config.kernels == "docent", &config.isa, config.repack);
         mistralrs::core::set_prefix_cache_limit_bytes(config.prefix_cache_mib << 20);
         mistralrs::core::set_cpu_kv_cache_f16(config.kv_cache == "f16");
+        // drafts are asked for per request (`Generator::send`); the proposer is the same
+        mistralrs::core::set_draft_proposer(Some(lookup::propose));
         // Continuous batching needs each sequence's own cache: not with a draft model, whose
         // speculative steps manage the caches themselves (the pipeline declines it anyway).
         let batching = config.continuous_batching && config.draft.is_none();
@@ -859,6 +880,12 @@ impl Generator {
             refusal_check: config.refusal_check,
             yes_tokens,
             no_tokens,
+            // a draft model's pipeline runs its own steps; drafts of both kinds never mix
+            lookup_tokens: if config.draft.is_some() {
+                0
+            } else {
+                config.lookup_tokens
+            },
         })
     }
 
@@ -899,7 +926,13 @@ impl Generator {
         prompt: &Prompt,
         params: &Params,
     ) -> Result<Generation, GenerateError> {
-        self.run(messages(prompt), sampling(params), false).await
+        self.run(
+            messages(prompt),
+            sampling(params),
+            false,
+            params.lookup_tokens,
+        )
+        .await
     }
 
     /// Chat generation, token by token; the stream also gives the model's refusal
@@ -948,7 +981,12 @@ impl Generator {
             }) as Arc<dyn mistralrs::CustomLogitsProcessor>]
         });
         let mut stream = self
-            .stream_request(messages(prompt), sampling(params), processors)
+            .stream_request(
+                messages(prompt),
+                sampling(params),
+                processors,
+                params.lookup_tokens,
+            )
             .await?;
         stream.judge = judging.then_some(judge);
         Ok(stream)
@@ -991,6 +1029,7 @@ impl Generator {
                 Some(vec![
                     Arc::new(reader) as Arc<dyn mistralrs::CustomLogitsProcessor>
                 ]),
+                0,
             )
             .await?;
         match response {
@@ -1013,6 +1052,7 @@ impl Generator {
             RequestMessage::CompletionTokens(tokens),
             sampling(&params),
             None,
+            self.lookup_tokens,
         )
         .await
     }
@@ -1022,11 +1062,20 @@ impl Generator {
         messages: RequestMessage,
         sampling_params: SamplingParams,
         processors: Option<Vec<Arc<dyn mistralrs::CustomLogitsProcessor>>>,
+        lookup_tokens: usize,
     ) -> Result<GenerationStream, GenerateError> {
         // room for a few chunks: the engine waits on a full channel
         let (tx, rx) = mpsc::channel(64);
-        self.send(messages, sampling_params, false, true, tx, processors)
-            .await?;
+        self.send(
+            messages,
+            sampling_params,
+            false,
+            true,
+            tx,
+            processors,
+            lookup_tokens,
+        )
+        .await?;
         self.counters.active.fetch_add(1, Ordering::Relaxed);
         Ok(GenerationStream {
             rx: Some(rx),
@@ -1049,8 +1098,13 @@ impl Generator {
         // The top-1 alternative of a greedy step is the chosen token: that is how the
         // engine's response carries token ids.
         sampling.top_n_logprobs = 1;
-        self.run(RequestMessage::CompletionTokens(tokens), sampling, true)
-            .await
+        self.run(
+            RequestMessage::CompletionTokens(tokens),
+            sampling,
+            true,
+            self.lookup_tokens,
+        )
+        .await
     }
 
     /// Decodes token ids with the model's tokenizer (the whole sequence at once).
@@ -1067,6 +1121,8 @@ impl Generator {
             .map_err(|e| GenerateError::Engine(e.to_string()))
     }
 
+    // one private call site per kind of request; each argument is one NormalRequest field
+    #[allow(clippy::too_many_arguments)]
     async fn send(
         &self,
         messages: RequestMessage,
@@ -1075,14 +1131,18 @@ impl Generator {
         is_streaming: bool,
         tx: mpsc::Sender<Response>,
         logits_processors: Option<Vec<Arc<dyn mistralrs::CustomLogitsProcessor>>>,
+        lookup_tokens: usize,
     ) -> Result<(), GenerateError> {
+        let id = self.model.inner().next_request_id();
+        // read by the engine when it adds the request (vendor/PATCHES.md 17)
+        mistralrs::core::set_request_draft_tokens(id, lookup_tokens);
         let request = Request::Normal(Box::new(NormalRequest {
             messages,
             sampling_params,
             response: tx,
             return_logprobs: logprobs,
             is_streaming,
-            id: self.model.inner().next_request_id(),
+            id,
             constraint: Constraint::None,
             suffix: None,
             tools: None,
@@ -1109,12 +1169,21 @@ impl Generator {
         sampling_params: SamplingParams,
         logprobs: bool,
         processors: Option<Vec<Arc<dyn mistralrs::CustomLogitsProcessor>>>,
+        lookup_tokens: usize,
     ) -> Result<Response, GenerateError> {
         let (tx, mut rx) = mpsc::channel(8);
         // counted while it runs, also when the caller gives up waiting (a dropped future)
         let _active = Active::new(&self.counters);
-        self.send(messages, sampling_params, logprobs, false, tx, processors)
-            .await?;
+        self.send(
+            messages,
+            sampling_params,
+            logprobs,
+            false,
+            tx,
+            processors,
+            lookup_tokens,
+        )
+        .await?;
         rx.recv()
             .await
             .ok_or_else(|| GenerateError::Engine("the engine dropped the request".into()))
@@ -1125,9 +1194,10 @@ impl Generator {
         messages: RequestMessage,
         sampling_params: SamplingParams,
         logprobs: bool,
+        lookup_tokens: usize,
     ) -> Result<Generation, GenerateError> {
         match self
-            .request_once(messages, sampling_params, logprobs, None)
+            .request_once(messages, sampling_params, logprobs, None, lookup_tokens)
             .await?
         {
             Response::Done(r) => {
@@ -1396,6 +1466,7 @@ mod tests {
             dry_multiplier: 0.0,
             dry_allowed_length: 2,
             stop: vec!["END".into()],
+            lookup_tokens: 0,
         }
     }
 

@@ -73,6 +73,9 @@ pub struct GenerationOptions {
     /// Not supported: mistral.rs 0.8.1 seeds one random generator per engine (shared by
     /// all requests), so a per-request seed cannot be honoured; refused with 422.
     pub seed: Option<u64>,
+    /// Most tokens of a prompt-lookup draft per step, 0..=16; 0 = off (default:
+    /// `generation.lookup_tokens`). Speed only: the answer is the same.
+    pub lookup_tokens: Option<usize>,
 }
 
 /// Most extra stop sequences a request may give, and their longest length in bytes.
@@ -119,6 +122,8 @@ pub struct Limits {
     /// Speculative decoding is on: mistral.rs decodes it greedily whatever the sampling
     /// settings, so sampled requests are refused rather than silently answered greedily.
     pub greedy_only: bool,
+    /// `generation.lookup_tokens`: prompt-lookup drafts when the request does not say.
+    pub default_lookup_tokens: usize,
     /// How an answer is made when the request does not say.
     pub default_answer_mode: AnswerMode,
     /// Fallback attribution of unmarked sentences (`[citations]`), when on.
@@ -366,6 +371,20 @@ impl QueryRequest {
                 format!("each sequence must be 1 to {MAX_STOP_BYTES} bytes long, got {bad:?}"),
             );
         }
+        let lookup_tokens = g.lookup_tokens.unwrap_or(limits.default_lookup_tokens);
+        let lookup_max = crate::query::generate::lookup::MAX_DRAFT_TOKENS;
+        if lookup_tokens > lookup_max {
+            return invalid(
+                "generation.lookup_tokens",
+                format!("must be between 0 (off) and {lookup_max}, got {lookup_tokens}"),
+            );
+        }
+        if lookup_tokens > 0 && limits.greedy_only {
+            return invalid(
+                "generation.lookup_tokens",
+                "this server drafts with a draft model (generation.draft); prompt-lookup drafts are its alternative, not an addition: send 0 or leave it out".into(),
+            );
+        }
         let mut stop: Vec<String> = DEFAULT_STOPS.iter().map(|s| s.to_string()).collect();
         for s in &g.stop {
             if !stop.contains(s) {
@@ -391,6 +410,7 @@ impl QueryRequest {
                 dry_multiplier,
                 dry_allowed_length: limits.dry_allowed_length,
                 stop,
+                lookup_tokens,
             },
             history: self.history,
             stream: self.stream,

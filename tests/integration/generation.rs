@@ -104,6 +104,52 @@ async fn speculative_output_equals_plain_greedy() {
     );
 }
 
+/// Prompt-lookup drafts (`generation.lookup_tokens`): the output is plain greedy decoding's,
+/// checked against the independent reference (llama2.c's 200 greedy tokens of stories260K,
+/// whose stories repeat their phrases, so drafts are proposed and accepted) and against the
+/// same engine without drafts on 24 more prompts, with drafts of 2, 5 and 8 tokens.
+#[tokio::test]
+async fn prompt_lookup_output_equals_plain_greedy() {
+    let dir = shared().join("models/stories260K");
+    let reference = std::fs::read_to_string(dir.join("greedy_reference.txt")).unwrap();
+    let mut c = generation();
+    c.model = dir.join("stories260K.gguf");
+    c.lookup_tokens = 0;
+    let plain = Generator::load(&c).await.expect("load without drafts");
+    for draft_tokens in [2, 5, 8] {
+        c.lookup_tokens = draft_tokens;
+        let drafted = Generator::load(&c).await.expect("load with drafts");
+        let (steps, proposed, accepted) = docent::query::generate::lookup::draft_counts();
+        let g = drafted.complete_tokens(vec![1], 200).await.unwrap();
+        let ids = g.token_ids.clone().expect("token ids");
+        let decoded = drafted.detokenize(ids.clone(), false).await.unwrap();
+        assert_eq!(
+            decoded,
+            reference.trim_end_matches('\n'),
+            "{draft_tokens}-token drafts"
+        );
+        let (steps2, proposed2, accepted2) = docent::query::generate::lookup::draft_counts();
+        // (other tests of this binary may draft too: a lower bound for this one)
+        eprintln!(
+            "{draft_tokens}-token drafts: {} steps, {} of {} draft tokens accepted, 200 tokens",
+            steps2 - steps,
+            accepted2 - accepted,
+            proposed2 - proposed
+        );
+        assert!(steps2 > steps && accepted2 > accepted, "no draft was taken");
+        for first in 0..24u32 {
+            let prompt = vec![1, 300 + 7 * first];
+            let want = plain.complete_tokens(prompt.clone(), 64).await.unwrap();
+            let got = drafted.complete_tokens(prompt, 64).await.unwrap();
+            assert_eq!(
+                got.token_ids, want.token_ids,
+                "prompt {first}, {draft_tokens}-token drafts: output differs"
+            );
+            assert_eq!(got.text, want.text);
+        }
+    }
+}
+
 /// The model sources answer alike: SmolLM2 as a safetensors directory (the setup step's
 /// verified export) gives the F32 GGUF's greedy tokens; in-situ quantized to Q8_0 it writes
 /// UQFF once, and the UQFF load gives the ISQ model's tokens without quantizing again. A

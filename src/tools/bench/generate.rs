@@ -35,6 +35,9 @@ pub struct Options {
     pub text: PathBuf,
     /// Speculative decoding: target and draft model, and gamma.
     pub speculative: Option<(PathBuf, PathBuf, usize)>,
+    /// Prompt-lookup drafts of up to this many tokens on the speculative pair's two models
+    /// (0: none).
+    pub lookup: usize,
     /// Load-time comparison: a safetensors directory, the ISQ type and a scratch dir for UQFF.
     pub load: Option<(PathBuf, String)>,
     /// Concurrent clients for the throughput table (first model).
@@ -90,6 +93,22 @@ pub struct SpeculativeRow {
     /// Draft proposals the target accepted, replayed from the two greedy outputs: a
     /// proposal is accepted while the draft's greedy continuation equals the target's.
     pub acceptance_estimate: f64,
+}
+
+/// Prompt-lookup drafts (`generation.lookup_tokens`) beside plain decoding of one model.
+#[derive(Debug, Clone, Serialize)]
+pub struct LookupRow {
+    pub model: String,
+    pub draft_tokens: usize,
+    pub prompt_tokens: usize,
+    pub plain_decode_tok_s: f64,
+    pub lookup_decode_tok_s: f64,
+    pub identical_output: bool,
+    /// Draft steps, draft tokens proposed and accepted over the measurement (the engine's
+    /// own counts).
+    pub draft_steps: u64,
+    pub draft_proposed: u64,
+    pub draft_accepted: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -169,6 +188,7 @@ pub struct GenerateBench {
     pub cpu: String,
     pub models: Vec<ModelRow>,
     pub speculative: Vec<SpeculativeRow>,
+    pub lookup: Vec<LookupRow>,
     pub load: Vec<LoadRow>,
     pub concurrency: Vec<ConcurrencyRow>,
     pub stall: Vec<StallRow>,
@@ -349,6 +369,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
         dtype: opts.dtype.clone(),
         models: Vec::new(),
         speculative: Vec::new(),
+        lookup: Vec::new(),
         load: Vec::new(),
         concurrency: Vec::new(),
         stall: Vec::new(),
@@ -445,6 +466,31 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
             identical_output: spec_out == plain_out,
             acceptance_estimate: acceptance(&plain_out, &draft_out, *gamma),
         });
+        drop(spec);
+        if opts.lookup > 0 {
+            for (model, plain_speed, plain_out) in [
+                (target, &plain_speed, &plain_out),
+                (draft, &draft_speed, &draft_out),
+            ] {
+                let mut c = config(model, opts);
+                c.lookup_tokens = opts.lookup;
+                let drafted = Generator::load(&c).await?;
+                let before = crate::query::generate::lookup::draft_counts();
+                let (speed, out) = measure(&drafted, &prompt, opts.new_tokens, opts.repeat).await?;
+                let after = crate::query::generate::lookup::draft_counts();
+                report.lookup.push(LookupRow {
+                    model: name(model),
+                    draft_tokens: opts.lookup,
+                    prompt_tokens: prompt.len(),
+                    plain_decode_tok_s: plain_speed.decode_tok_s,
+                    lookup_decode_tok_s: speed.decode_tok_s,
+                    identical_output: &out == plain_out,
+                    draft_steps: after.0 - before.0,
+                    draft_proposed: after.1 - before.1,
+                    draft_accepted: after.2 - before.2,
+                });
+            }
+        }
     }
 
     if let Some((dir, isq)) = &opts.load {
@@ -959,6 +1005,22 @@ impl fmt::Display for GenerateBench {
                 s.draft_decode_tok_s,
                 s.identical_output,
                 s.acceptance_estimate * 100.0
+            )?;
+        }
+        for l in &self.lookup {
+            writeln!(
+                f,
+                "prompt lookup: {} (drafts of up to {} tokens), {}-token prompt: decode {:.1} tok/s vs plain {:.1} ({:.2}×), identical output: {}, {} draft steps, {} of {} draft tokens accepted",
+                l.model,
+                l.draft_tokens,
+                l.prompt_tokens,
+                l.lookup_decode_tok_s,
+                l.plain_decode_tok_s,
+                l.lookup_decode_tok_s / l.plain_decode_tok_s,
+                l.identical_output,
+                l.draft_steps,
+                l.draft_accepted,
+                l.draft_proposed
             )?;
         }
         for l in &self.load {

@@ -333,6 +333,21 @@ pub struct AnswerReport {
     /// model answered (not refused) at the configured threshold, in ms.
     pub first_text_ms: Percentiles,
     pub total_ms: Percentiles,
+    /// Generated tokens per second of generation time (prefill included), over every answer
+    /// the model wrote.
+    pub generation: GenerationSpeed,
+}
+
+/// How fast the answers were generated, and the prompt-lookup drafts read on the way.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GenerationSpeed {
+    pub tokens: usize,
+    pub seconds: f64,
+    pub tokens_per_second: f64,
+    /// Draft steps, draft tokens proposed and accepted (`generation.lookup_tokens`).
+    pub draft_steps: u64,
+    pub draft_proposed: u64,
+    pub draft_accepted: u64,
 }
 
 /// One threshold of the model's refusal judgement.
@@ -388,6 +403,9 @@ pub struct AnswerRecord {
     pub degenerate: Vec<String>,
     pub first_text_ms: Option<f64>,
     pub total_ms: f64,
+    /// Tokens the model generated, and the generation's time (prefill and decode).
+    pub completion_tokens: usize,
+    pub generation_ms: f64,
 }
 
 impl AnswerRecord {
@@ -750,6 +768,7 @@ pub async fn answers(
     // per setting (0 = the model's markers), per answerable question: (citations, good)
     let mut per_setting: Vec<Vec<(usize, usize)>> = vec![Vec::new(); ATTRIBUTION_SWEEP.len() + 1];
     let started = Instant::now();
+    let drafts_before = crate::query::generate::lookup::draft_counts();
     // per type: (questions, answerable, gold, f1 sum, degenerate before, extractive,
     // refused ok, refused wrongly, unanswerable)
     let mut types: BTreeMap<String, [f64; 9]> = BTreeMap::new();
@@ -787,6 +806,8 @@ pub async fn answers(
             degenerate: response.degenerate.clone(),
             first_text_ms,
             total_ms,
+            completion_tokens: response.usage.completion_tokens,
+            generation_ms: response.usage.generation_ms,
         };
         // as the service answers at `threshold`: refused when the judgement reaches it
         let answerable_now = !record.refused_at(threshold);
@@ -891,6 +912,25 @@ pub async fn answers(
             .collect(),
     );
     let total_ms = Percentiles::of(answered_now.iter().map(|r| r.total_ms).collect());
+    let drafts = crate::query::generate::lookup::draft_counts();
+    let (tokens, seconds) = records
+        .iter()
+        .filter(|r| r.completion_tokens > 0)
+        .fold((0, 0.0), |(t, s), r| {
+            (t + r.completion_tokens, s + r.generation_ms / 1e3)
+        });
+    let generation = GenerationSpeed {
+        tokens,
+        seconds,
+        tokens_per_second: if seconds > 0.0 {
+            tokens as f64 / seconds
+        } else {
+            0.0
+        },
+        draft_steps: drafts.0 - drafts_before.0,
+        draft_proposed: drafts.1 - drafts_before.1,
+        draft_accepted: drafts.2 - drafts_before.2,
+    };
     let score = |rows: &[(usize, usize)]| {
         let cits: usize = rows.iter().map(|r| r.0).sum();
         let good: usize = rows.iter().map(|r| r.1).sum();
@@ -980,6 +1020,7 @@ pub async fn answers(
         refusal_by_either: both_signals(&records, Signal::Either),
         first_text_ms,
         total_ms,
+        generation,
     })
 }
 
@@ -1452,6 +1493,12 @@ impl std::fmt::Display for EvalReport {
                 "time to the first shown text p50 {:.0} ms, p95 {:.0} ms; whole answer p50 {:.0} ms, p95 {:.0} ms ({} answers not refused)",
                 a.first_text_ms.p50, a.first_text_ms.p95, a.total_ms.p50, a.total_ms.p95, a.total_ms.n
             )?;
+            let g = &a.generation;
+            writeln!(
+                f,
+                "generation: {} tokens in {:.1} s = {:.2} tokens/s (prefill included); prompt-lookup drafts: {} steps, {} of {} draft tokens accepted",
+                g.tokens, g.seconds, g.tokens_per_second, g.draft_steps, g.draft_accepted, g.draft_proposed
+            )?;
             if a.refusal_by_question.is_empty() {
                 write_curve(
                     f,
@@ -1691,6 +1738,8 @@ mod tests {
             degenerate: Vec::new(),
             first_text_ms: None,
             total_ms: 0.0,
+            completion_tokens: 0,
+            generation_ms: 0.0,
         };
         // unanswerable: one the first token catches, one the pre-question catches
         let records = [

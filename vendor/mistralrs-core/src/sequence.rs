@@ -518,6 +518,8 @@ pub struct Sequence {
     /// docent: the pipeline batches this sequence's decode steps with sequences of other
     /// lengths (`CacheManagerMixin::ragged_batching`).
     ragged: bool,
+    // docent: most tokens a draft step may read ahead (pipeline/lookup.rs); 0: no drafts
+    draft_tokens: usize,
     /// Number of tokens at the start of the prompt that are cached (KV already computed).
     /// These tokens should be skipped during prefill.
     prefix_cache_len: usize,
@@ -638,6 +640,7 @@ impl Sequence {
             prefill_prompt_toks: None,
             prefill_chunk: 0,
             ragged: false,
+            draft_tokens: 0,
             prefix_cache_len: 0,
             suffix,
             prefix,
@@ -881,6 +884,17 @@ impl Sequence {
     /// docent: see [`Sequence::set_ragged`].
     pub fn ragged(&self) -> bool {
         self.ragged
+    }
+
+    /// docent: completion steps may verify drafts of up to `tokens` tokens
+    /// (`pipeline/lookup.rs`); 0 turns drafts off.
+    pub fn set_draft_tokens(&mut self, tokens: usize) {
+        self.draft_tokens = tokens;
+    }
+
+    /// docent: see [`Sequence::set_draft_tokens`].
+    pub fn draft_tokens(&self) -> usize {
+        self.draft_tokens
     }
 
     /// docent: prefill the prompt in chunks of `chunk` tokens from the current offset (a

@@ -424,6 +424,8 @@ impl Engine {
         }
 
         // Add sequences
+        // docent: read once for all of the request's sequences (pipeline/lookup.rs)
+        let draft_tokens = crate::pipeline::take_request_draft_tokens(request.id);
         for response_index in 0..request.sampling_params.n_choices {
             let factory = get_mut_arcmutex!(self.pipeline)
                 .get_metadata()
@@ -732,6 +734,10 @@ impl Engine {
                 }
                 None => seq,
             };
+
+            // docent: drafts from the sequence's own text when the caller asked for them
+            // (pipeline/lookup.rs)
+            seq.set_draft_tokens(draft_tokens);
 
             // docent: continuous batching and chunked prefill where the pipeline supports them
             // (vendor/PATCHES.md); not for multimodal prompts.

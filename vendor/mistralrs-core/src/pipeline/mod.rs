@@ -10,6 +10,8 @@ mod inputs_processor;
 mod isq;
 pub(crate) mod llg;
 mod loaders;
+// docent: drafts from a sequence's own text (vendor/PATCHES.md 17)
+mod lookup;
 mod macros;
 mod multimodal;
 mod normal;
@@ -93,6 +95,8 @@ pub(crate) use processing::{
 };
 use rand_isaac::Isaac64Rng;
 pub use speculative::{SpeculativeConfig, SpeculativeLoader, SpeculativePipeline};
+pub(crate) use lookup::take_request_draft_tokens;
+pub use lookup::{draft_counts, set_draft_proposer, set_request_draft_tokens, DraftProposer};
 pub use speech::{SpeechLoader, SpeechPipeline};
 use std::any::Any;
 use std::fmt::Debug;
@@ -464,21 +468,38 @@ pub trait Pipeline:
     ) -> Result<Duration, candle_core::Error> {
         match backend_metadata {
             CacheBackendMetadata::DefaultInstructions { pre_op, post_op } => {
+                // docent: a completion step of one sequence may read a draft along with its
+                // last token, all positions' logits kept (lookup.rs)
+                let draft = if is_prompt
+                    || return_raw_logits
+                    || self.get_metadata().no_kv_cache
+                    || !matches!(self.cache(), EitherCache::Normal(_))
+                {
+                    None
+                } else {
+                    lookup::draft_for(input_seqs, self.get_metadata().max_seq_len)
+                };
+                let last_n_context_len = draft
+                    .as_ref()
+                    .map(|d| lookup::read_draft_next(&mut *input_seqs[0], d));
                 let inputs_iter =
                     std::iter::once(self.get_processor().inputs_processor().process_inputs(
                         self.tokenizer(),
                         input_seqs,
-                        is_prompt,
+                        is_prompt || draft.is_some(),
                         self.get_metadata().is_xlora,
                         &self.device(),
                         self.get_metadata().no_kv_cache,
-                        None,
+                        last_n_context_len,
                         return_raw_logits,
                         self.get_metadata().sliding_window,
                         self.get_input_processor_config(),
                         None,
                         self.device_mapper(),
                     ));
+                if draft.is_some() {
+                    input_seqs[0].reset_prefill_toks(); // docent
+                }
 
                 let mut logits = vec![None; input_seqs.len()];
                 let len_inputs = 1;
@@ -604,6 +625,21 @@ pub trait Pipeline:
                 match &logits[0] {
                     ForwardInputsResult::RawLogits { .. }
                     | ForwardInputsResult::Embeddings { .. } => unreachable!(),
+                    ForwardInputsResult::CausalGeneration { logits: draft_logits }
+                        if draft.is_some() =>
+                    {
+                        // docent: the draft's positions, sampled as plain steps (lookup.rs)
+                        lookup::sample_draft(
+                            &*self,
+                            input_seqs,
+                            draft_logits.clone(),
+                            draft.as_deref().unwrap_or_default(),
+                            prefix_cacher,
+                            disable_eos_stop,
+                            rng,
+                        )
+                        .await?;
+                    }
                     ForwardInputsResult::CausalGeneration { .. } => {
                         self.sample_causal_gen(
                             input_seqs,

@@ -705,6 +705,15 @@ impl Pipeline for SpeculativePipeline {
         .await?;
 
         let accepted_tokens = samples.into_iter().map(|s| s.sample).collect::<Vec<_>>();
+        // docent: counted with the prompt-lookup drafts (lookup.rs, `draft_counts`)
+        super::lookup::count_draft_step(
+            draft_samples.len(),
+            accepted_tokens
+                .iter()
+                .zip(&draft_samples)
+                .take_while(|(a, d)| a.token == d.sample.token)
+                .count(),
+        );
 
         // ======================= Narrow caches to account for rejections ============================
         let n_not_accepted = gamma - accepted_tokens.len();
