@@ -5,7 +5,8 @@ Usage:
     python3 scripts/check-module-cycles.py [-v] [--dot] [CRATE_ROOT ...]
     python3 scripts/check-module-cycles.py --self-test
 
-CRATE_ROOT defaults to src/lib.rs, ingest/src/lib.rs and store/src/lib.rs (when it exists),
+CRATE_ROOT defaults to src/lib.rs, ingest/src/lib.rs and, when they exist, store/src/lib.rs,
+kernels/src/lib.rs and fuzz/src/lib.rs,
 relative to the repository root. Exit status: 0 no cycles, 1 cycles found (or the self-test
 failed), 2 usage or input errors.
 
@@ -43,8 +44,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_ROOTS = ["src/lib.rs", "ingest/src/lib.rs", "store/src/lib.rs"]
-OPTIONAL_DEFAULT_ROOTS = {"store/src/lib.rs"}
+# every crate of the tree: the workspace's members and the fuzz crate
+DEFAULT_ROOTS = [
+    "src/lib.rs",
+    "ingest/src/lib.rs",
+    "store/src/lib.rs",
+    "kernels/src/lib.rs",
+    "fuzz/src/lib.rs",
+]
+OPTIONAL_DEFAULT_ROOTS = {"store/src/lib.rs", "kernels/src/lib.rs", "fuzz/src/lib.rs"}
 
 IDENT = r"(?:r#)?[A-Za-z_][A-Za-z0-9_]*"
 VIS = r"(?:pub\s*(?:\(\s*[^()]*\))?\s+)?"
@@ -904,7 +912,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Find import cycles between sibling modules of Rust crates (stdlib only).",
     )
     ap.add_argument("roots", nargs="*", type=Path,
-                    help="crate root files (default: src/lib.rs, ingest/src/lib.rs, store/src/lib.rs if present)")
+                    help="crate root files (default: src/lib.rs, ingest/src/lib.rs; store, kernels and fuzz if present)")
     ap.add_argument("--dot", action="store_true",
                     help="print the root-level module graph as Graphviz dot on stdout (report goes to stderr)")
     ap.add_argument("-v", "--verbose", action="store_true", help="list every reference of each cycle edge")

@@ -10,7 +10,7 @@
 #   models/smollm2/SmolLM2-135M-Instruct.F32.gguf   the same weights dequantized (the source of the
 #                                                 other formats, and the safetensors test's reference)
 #   models/smollm2/SmolLM2-135M-Instruct.Q8_0.gguf  the default model: the same weights in Q8_0
-#                                                 (docent's fastest format, see the README)
+#                                                 (docent's fastest format, see docs/benchmarks.md)
 #   models/smollm2/SmolLM2-135M-Instruct-hf/      the same weights as a safetensors directory (for the
 #                                                 safetensors / ISQ / UQFF model source), verified
 #   models/qwen2.5-coder-0.5b/*.gguf              the default generation model (models.toml), linked from

@@ -11,6 +11,7 @@
 //!   (the one error type and its mapping to HTTP), the middleware ([`server::observe`],
 //!   [`server::auth`], [`server::limits`]), jobs, telemetry and [`server::startup`]
 //!   (wiring and graceful shutdown).
+//! - [`cli`]: the `docent` command's subcommands and flags (run by `src/main.rs`).
 //! - [`config`]: the one typed configuration.
 //! - [`metrics`]: the Prometheus metrics every stage records (`GET /metrics`).
 //! - [`tools`]: `docent eval` and `docent bench`; the service does not depend on them.
@@ -18,6 +19,7 @@
 //! Ingest (load → split → embed → store) is the `docent-ingest` crate; the store (one
 //! interface, an embedded and a server engine) is the `docent-store` crate.
 
+pub mod cli;
 pub mod config;
 pub mod metrics;
 pub mod query;

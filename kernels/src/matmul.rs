@@ -28,7 +28,9 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use crate::cpu::Isa;
-use crate::quant::{dequantize_row, f16_at, q4k_scale_min, q6k_values, Format, Q8KRows, Q8Rows};
+use crate::quant::{
+    dequantize_row, f16_at, q4k_scale_min, q6k_values, resize, Format, Q8KRows, Q8Rows,
+};
 
 /// A weight matrix: `rows` rows of `cols` elements in GGML type `ggml_type`.
 #[derive(Debug, Clone, Copy)]
@@ -339,6 +341,58 @@ fn dot_rows(
     let _ = isa;
     for r in 0..n {
         out[r] = scalar::dot(format, w, cols, acts[r]);
+    }
+}
+
+// The activation rows' quantisation lives here, beside the SIMD block quantisers it calls,
+// so that `quant` (formats and the scalar reference) does not depend on this module.
+impl Q8Rows {
+    /// Quantises `rows` rows of `cols` elements (`cols` a multiple of 32), reusing the buffers.
+    pub fn quantize(&mut self, isa: crate::Isa, x: &[f32], rows: usize, cols: usize) {
+        let nb = cols / 32;
+        self.cols = cols;
+        resize(&mut self.qs, rows * cols);
+        resize(&mut self.d, rows * nb);
+        resize(&mut self.s, rows * nb);
+        let wide = isa >= crate::Isa::Avx512;
+        resize(&mut self.d8, if wide { rows * nb * 8 } else { 0 });
+        let x = &x[..rows * cols];
+        for (b, ((xb, qb), (d, s))) in x
+            .chunks_exact(32)
+            .zip(self.qs.chunks_exact_mut(32))
+            .zip(self.d.iter_mut().zip(self.s.iter_mut()))
+            .enumerate()
+        {
+            let (scale, sum) = quantize_block(isa, xb, qb);
+            *d = scale;
+            *s = scale * sum as f32;
+            if wide {
+                self.d8[8 * b..8 * b + 8].fill(scale);
+            }
+        }
+    }
+}
+
+impl Q8KRows {
+    /// Quantises `rows` rows of `cols` elements (`cols` a multiple of 256), reusing the buffers.
+    pub fn quantize(&mut self, isa: crate::Isa, x: &[f32], rows: usize, cols: usize) {
+        let nb = cols / 256;
+        self.cols = cols;
+        resize(&mut self.qs, rows * cols);
+        resize(&mut self.d, rows * nb);
+        resize(&mut self.bsums, rows * nb * 16);
+        let x = &x[..rows * cols];
+        for (((xb, qb), d), bs) in x
+            .chunks_exact(256)
+            .zip(self.qs.chunks_exact_mut(256))
+            .zip(self.d.iter_mut())
+            .zip(self.bsums.chunks_exact_mut(16))
+        {
+            *d = quantize_block(isa, xb, qb).0;
+            for (b, q) in bs.iter_mut().zip(qb.chunks_exact(16)) {
+                *b = q.iter().map(|&v| v as i16).sum();
+            }
+        }
     }
 }
 

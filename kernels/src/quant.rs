@@ -294,58 +294,8 @@ pub fn quantize_block_scalar(x: &[f32], q: &mut [i8]) -> (f32, i32) {
     (d, sum)
 }
 
-impl Q8Rows {
-    /// Quantises `rows` rows of `cols` elements (`cols` a multiple of 32), reusing the buffers.
-    pub fn quantize(&mut self, isa: crate::Isa, x: &[f32], rows: usize, cols: usize) {
-        let nb = cols / 32;
-        self.cols = cols;
-        resize(&mut self.qs, rows * cols);
-        resize(&mut self.d, rows * nb);
-        resize(&mut self.s, rows * nb);
-        let wide = isa >= crate::Isa::Avx512;
-        resize(&mut self.d8, if wide { rows * nb * 8 } else { 0 });
-        let x = &x[..rows * cols];
-        for (b, ((xb, qb), (d, s))) in x
-            .chunks_exact(32)
-            .zip(self.qs.chunks_exact_mut(32))
-            .zip(self.d.iter_mut().zip(self.s.iter_mut()))
-            .enumerate()
-        {
-            let (scale, sum) = crate::matmul::quantize_block(isa, xb, qb);
-            *d = scale;
-            *s = scale * sum as f32;
-            if wide {
-                self.d8[8 * b..8 * b + 8].fill(scale);
-            }
-        }
-    }
-}
-
-impl Q8KRows {
-    /// Quantises `rows` rows of `cols` elements (`cols` a multiple of 256), reusing the buffers.
-    pub fn quantize(&mut self, isa: crate::Isa, x: &[f32], rows: usize, cols: usize) {
-        let nb = cols / 256;
-        self.cols = cols;
-        resize(&mut self.qs, rows * cols);
-        resize(&mut self.d, rows * nb);
-        resize(&mut self.bsums, rows * nb * 16);
-        let x = &x[..rows * cols];
-        for (((xb, qb), d), bs) in x
-            .chunks_exact(256)
-            .zip(self.qs.chunks_exact_mut(256))
-            .zip(self.d.iter_mut())
-            .zip(self.bsums.chunks_exact_mut(16))
-        {
-            *d = crate::matmul::quantize_block(isa, xb, qb).0;
-            for (b, q) in bs.iter_mut().zip(qb.chunks_exact(16)) {
-                *b = q.iter().map(|&v| v as i16).sum();
-            }
-        }
-    }
-}
-
 /// Sets the length of a scratch buffer, keeping its allocation (its contents are overwritten).
-fn resize<T: Default + Clone>(v: &mut Vec<T>, n: usize) {
+pub(crate) fn resize<T: Default + Clone>(v: &mut Vec<T>, n: usize) {
     if v.len() != n {
         v.resize(n, T::default());
     }

@@ -68,7 +68,7 @@ pub struct Retrieved {
 /// Natural questions that the documents cannot answer still land near a chunk about the
 /// same subject (a close cosine), but their specific words are missing from it: on the
 /// visible natural-question sets the sum refuses far more of them at the same false
-/// refusals (README, "Retrieval quality").
+/// refusals (docs/evaluation.md, "Retrieval quality").
 pub fn relevance(best_dense: Option<f32>, coverage: f32, term_weight: f32) -> Option<f32> {
     best_dense.map(|d| d + term_weight * coverage)
 }

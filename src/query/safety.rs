@@ -774,7 +774,7 @@ pub struct SafetyConfig {
     pub deny: Vec<String>,
     /// Quote every prompt's context between fence tags that are new per request, and say
     /// in the system part that text inside is data (spotlighting). Off by default: the
-    /// shipped 135M model answers worse with the tags in its prompt (README, injection).
+    /// shipped 135M model answers worse with the tags in its prompt (docs/evaluation.md, "Prompt-injection detection").
     #[serde(default)]
     pub spotlight: bool,
     /// Check each sentence of the answer before it is shown: one that repeats an
@@ -1085,8 +1085,8 @@ mod tests {
             let t = text.replace("\\u{200B}", "\u{200B}");
             assert!(is_injection(&t), "{text}: {:?}", injection_score(&t));
         }
-        // known misses since the public sets left the training data (README, "Prompt
-        // injection"): short attacks in the deepset set's style score high but under the
+        // known misses since the public sets left the training data (docs/evaluation.md,
+        // "Prompt-injection detection"): short attacks in the deepset set's style score high but under the
         // threshold; the rules alone still see them
         let m = &*classifier::BUILTIN;
         for missed in [

@@ -198,7 +198,7 @@ pub struct Ann {
     pub exact: bool,
 }
 
-/// The default [`Ann::ef`] (see its measurement in the README, "Dense search recall").
+/// The default [`Ann::ef`] (see its measurement in docs/benchmarks.md, "Dense search recall").
 pub const DEFAULT_EF: usize = 512;
 
 fn default_ef() -> usize {

@@ -209,7 +209,7 @@ async fn upsert_search_delete_and_reopen(b: &dyn Backend) {
     assert!(err.contains("another embedding model"), "{err}");
 }
 
-/// Once a known race (README, "Under load, and killed"): a search read the hidden set, a
+/// Once a known race (docs/benchmarks.md, "Under load, and killed"): a search read the hidden set, a
 /// writer then hid and wrote a new version, and the search ran with its stale filter and
 /// saw the old version beside the new one's first chunks (13, 18 or 24 chunks instead of
 /// 12). The stress variant below runs it with the CPU saturated.

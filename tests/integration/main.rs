@@ -7,6 +7,7 @@ mod bench;
 mod cli;
 mod crash;
 mod default_model;
+mod docs;
 mod embedding;
 mod generation;
 mod hardening;

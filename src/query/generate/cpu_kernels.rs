@@ -97,7 +97,7 @@ fn matmul(w: &cpu_hooks::WeightView<'_>, x: &[f32], m: usize) -> Option<Vec<f32>
 
 /// Q5_0 → Q8_0 when `generation.repack` is on: the same values without the fifth bit to
 /// unpack; prefill then runs on the Q8_0 tile (decode reads 34 bytes per 32 weights instead
-/// of 22, measured no slower: README, "Third round").
+/// of 22, measured no slower: docs/benchmarks.md, "Qwen2.5-Coder on docent's engine").
 fn repack_weight(w: &cpu_hooks::WeightView<'_>) -> Option<(u32, Vec<u8>)> {
     let q5_0 = docent_kernels::quant::Format::Q5_0;
     if !REPACK.load(Ordering::Relaxed) || w.ggml_type != q5_0.ggml_id() {

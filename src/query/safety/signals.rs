@@ -1,7 +1,7 @@
 //! Signals of the prompt-injection classifier beside its n-grams: what a text does rather
 //! than how it is worded. Each is a named feature the classifier learns a weight for
 //! ([`super::classifier`]), so their worth is measured, not assumed (`docent
-//! train-injection --without-signals …`, README "Prompt injection"):
+//! train-injection --without-signals …`, docs/evaluation.md, "Prompt-injection detection"):
 //!
 //! - [`Signal::AiAddressee`]: the text speaks of or to "the assistant", "the model", "the
 //!   AI" (in the languages of the training pools);

@@ -1,7 +1,7 @@
 //! The OpenAI-compatible routes: `POST /v1/chat/completions` (an answer over the index, as
 //! one completion or a stream of chunks ending in `data: [DONE]`), `GET /v1/models` and
 //! `GET /v1/models/{model}`, and [`errors`], which gives every error on these paths OpenAI's
-//! shape. The wire format and its mapping are in [`crate::server::openai`].
+//! shape. The wire format and its mapping are in [`crate::server::openai_wire`].
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -16,7 +16,7 @@ use tokio::sync::mpsc::Receiver;
 
 use crate::query::{QueryEngine, QueryEvent};
 use crate::server::error::{keep_headers, ApiError};
-use crate::server::openai::{self, ChatError, ChatRequest, ChunkWriter, ModelCard, Reply};
+use crate::server::openai_wire::{self, ChatError, ChatRequest, ChunkWriter, ModelCard, Reply};
 use crate::server::sse;
 
 fn served(engine: &QueryEngine) -> ModelCard {
@@ -110,7 +110,7 @@ pub async fn errors(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<EitherBody<impl MessageBody, BoxBody>>, actix_web::Error> {
-    let openai = openai::is_openai_path(req.path());
+    let openai = openai_wire::is_openai_path(req.path());
     let res = next.call(req).await?;
     let status = res.status();
     if !openai || !(status.is_client_error() || status.is_server_error()) {
@@ -125,7 +125,7 @@ pub async fn errors(
             .unwrap_or(Value::Null),
         Err(_) => Value::Null,
     };
-    let (status, error) = openai::error_body(status, &docent);
+    let (status, error) = openai_wire::error_body(status, &docent);
     let mut new = HttpResponse::build(status).json(json!({ "error": error }));
     keep_headers(head.headers(), &mut new);
     Ok(ServiceResponse::new(req, new).map_into_right_body())

@@ -1,0 +1,373 @@
+//! The `docent` command line: every subcommand and flag, as clap parses them. The binary
+//! (`src/main.rs`) runs them; the definitions live in the library so that tests can read
+//! them (the documentation check compares the docs with `Cli::command()`).
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "docent",
+    version,
+    about = "Ask questions over your documents; answers cite their sources."
+)]
+pub struct Cli {
+    /// Config file (default: ./docent.toml when present). DOCENT_* variables override it.
+    #[arg(long, global = true)]
+    pub config: Option<PathBuf>,
+    /// Index directory (overrides data_dir).
+    #[arg(long, global = true)]
+    pub data_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum KeysAction {
+    /// Make a random key; prints it once, and the `[[auth.keys]]` entry (its hash) to add.
+    New {
+        /// `read` (query, search, list) or `write` (also upload and delete).
+        #[arg(long)]
+        scope: crate::config::Scope,
+        /// A label for logs and metrics.
+        #[arg(long, default_value = "default")]
+        name: String,
+    },
+}
+
+// Parsed once per process; the bench variants are large, and boxing them buys nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run the HTTP service.
+    Serve {
+        /// Address to listen on, e.g. 127.0.0.1:8080 (overrides server.bind).
+        #[arg(long)]
+        bind: Option<String>,
+    },
+    /// API keys: `docent keys new --scope read` prints a new key and its config entry.
+    Keys {
+        #[command(subcommand)]
+        action: KeysAction,
+    },
+    /// The generation models docent knows by name (models.toml): size, licence, where they
+    /// come from, whether `make setup` has installed them, and which one is configured.
+    Models {
+        /// Print JSON instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add files or directories (.txt, .md, .html, .pdf, .docx) to the index.
+    Ingest {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+    /// Copy the index (every chunk with its vectors, and the document catalog) to another
+    /// engine: a Qdrant server (`--to http://host:6334`) or the embedded engine in a
+    /// directory (`--to ./data`). The source is the configured store. Interrupted, it
+    /// resumes where it stopped when run again.
+    Migrate {
+        /// The target: a server's gRPC URL (http:// or https://) or a directory.
+        #[arg(long)]
+        to: String,
+        /// Collection on a target server (default: store.collection).
+        #[arg(long)]
+        collection: Option<String>,
+        /// API key of a target server.
+        #[arg(long, env = "QDRANT_API_KEY", hide_env_values = true)]
+        api_key: Option<String>,
+        /// Points per batch.
+        #[arg(long, default_value_t = 256)]
+        batch: usize,
+    },
+    /// Answer one question from the command line (same path as POST /v1/query).
+    Ask {
+        question: String,
+        /// Print the full JSON response.
+        #[arg(long)]
+        json: bool,
+        /// Number of chunks to retrieve.
+        #[arg(long)]
+        top_k: Option<usize>,
+    },
+    /// Retrieval quality on a BEIR-layout set (corpus.jsonl, queries.jsonl, qrels/test.tsv),
+    /// ingested into a temporary index: Recall@1/5/10, MRR@10, nDCG@10, latency per mode.
+    Eval {
+        /// Dataset directory, e.g. ../shared/data/eval/xquad-en.
+        #[arg(long)]
+        dataset: PathBuf,
+        /// Comma-separated modes to evaluate.
+        #[arg(long, default_value = "dense,sparse,hybrid", value_delimiter = ',')]
+        modes: Vec<String>,
+        /// Evaluate only the first N queries (that have relevant documents).
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Embedding model directory (overrides embedding.model_dir), e.g. the int8 model.
+        #[arg(long)]
+        model_dir: Option<PathBuf>,
+        /// Also answer the first N questions with the LLM and score the answers.
+        #[arg(long)]
+        answers: Option<usize>,
+        /// How `--answers` are made: generative (the model) or extractive (quoted sentences).
+        #[arg(long, default_value = "generative")]
+        answer_mode: String,
+        /// Print one JSON object keyed by mode instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Also write each question's dense and BM25 candidate lists (JSON lines) to this
+        /// file, for analysis outside docent.
+        #[arg(long)]
+        dump: Option<PathBuf>,
+        /// With --answers: write each answer (text, refusal, the model's judgement,
+        /// timings) as JSON lines to this file.
+        #[arg(long)]
+        answers_dump: Option<PathBuf>,
+    },
+    /// Precision and recall of the PII detector per kind on a labelled set.
+    EvalPii {
+        /// Presidio-style JSON (full_text + spans).
+        #[arg(default_value = "../shared/data/safety/pii-presidio-synth/synth_dataset_v2.json")]
+        dataset: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Prompt-injection detection per attack category and false positives per benign one
+    /// (rules, classifier, both), on texts no training saw; and the classifier's cost.
+    EvalInjection {
+        /// The data set made by training/injection/make_dataset.py (its test split is used).
+        #[arg(long, default_value = "training/injection/dataset.jsonl")]
+        dataset: PathBuf,
+        /// A folder of held-out sets written apart from the training data, one
+        /// `<category>.jsonl` each (`{"text", "label"}` per line).
+        #[arg(long, default_value = "training/injection/heldout")]
+        heldout: PathBuf,
+        /// Score with this model file instead of the one built in (e.g. one just trained).
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Only score these texts: each one's probability, the piece that decided it, and
+        /// whether it is flagged.
+        #[arg(long)]
+        text: Vec<String>,
+        /// End to end instead: ingest this set's documents (each with a planted
+        /// instruction) into a fresh index, ask its questions with the configured model,
+        /// and count the answers that carry the instruction out.
+        #[arg(long)]
+        e2e: Option<PathBuf>,
+        /// With --e2e: this many cases, spread over the set.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// With --e2e: the sets of defences to measure (all, no-classifier,
+        /// no-answer-check, none).
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "all,no-classifier,no-answer-check,none"
+        )]
+        defences: Vec<String>,
+        /// With --e2e: write every answer here (JSON lines).
+        #[arg(long)]
+        dump: Option<PathBuf>,
+        /// Measure the second stage instead: texts the built-in classifier scores this far
+        /// below its threshold are asked of the configured model.
+        #[arg(long)]
+        model_check: Option<f32>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Train the prompt-injection classifier on training/injection's data set (made by
+    /// `python3 training/injection/make_dataset.py`); the threshold is chosen on its dev split.
+    TrainInjection {
+        #[arg(long, default_value = "training/injection/dataset.jsonl")]
+        data: PathBuf,
+        #[arg(long, default_value = "src/query/safety/injection.model")]
+        out: PathBuf,
+        #[arg(long, default_value_t = 12)]
+        epochs: usize,
+        #[arg(long, default_value_t = 0.3)]
+        learning_rate: f32,
+        /// L2 penalty per update.
+        #[arg(long, default_value_t = 1e-3)]
+        l2: f32,
+        /// Highest false-positive rate allowed on each benign dev category.
+        #[arg(long, default_value_t = 0.005)]
+        max_false_positives: f64,
+        /// Give every attack category the same weight (default: every attack text).
+        #[arg(long)]
+        balance_categories: bool,
+        /// Signal groups to leave out (comma-separated: ai_addressee, imperative,
+        /// directive, shift, encoded, exfiltration), to measure what each is worth.
+        #[arg(long, value_delimiter = ',')]
+        without_signals: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure throughput against a limit and a peer (prints a table).
+    #[command(subcommand)]
+    Bench(Bench),
+}
+
+#[derive(Subcommand)]
+pub enum Bench {
+    /// Ingest a corpus end to end into a temporary index; beside it, the same chunks
+    /// through a bare ONNX Runtime session and a Python peer.
+    Ingest {
+        /// Directory of documents (default: the demo corpus, ../shared/data/corpus/rust-book).
+        #[arg(default_value = "../shared/data/corpus/rust-book")]
+        corpus: PathBuf,
+        #[command(flatten)]
+        common: BenchArgs,
+    },
+    /// The real server under a mixed load (searches, answers, document lists, uploads; API
+    /// keys on): statuses and p50/p99 per route, RSS; then the same load with a SIGKILL and
+    /// a restart, checking that every upload acknowledged as done survived.
+    Load {
+        /// Directory of Markdown files for the starting index and the uploads.
+        #[arg(long, default_value = "../shared/data/corpus/rust-book/src")]
+        corpus: PathBuf,
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        /// Seconds of load in each of the two runs.
+        #[arg(long, default_value_t = 120.0)]
+        seconds: f64,
+        /// Seconds into the second run at which the server is SIGKILLed.
+        #[arg(long, default_value_t = 60.0)]
+        kill_after: f64,
+        /// Only the first run (no SIGKILL and restart).
+        #[arg(long)]
+        no_kill: bool,
+        /// Request mix as weights, e.g. `search=1` or `upload=1,search=3`.
+        #[arg(
+            long,
+            default_value = "search=55,extractive=20,generated=12,list=8,upload=5"
+        )]
+        mix: crate::tools::bench::load::Mix,
+    },
+    /// Retrieval latency and throughput through POST /v1/search at several client counts
+    /// and index sizes; beside it, a Python peer service over the same index files.
+    Query {
+        /// Directories or files to build the indexes from, in this order (default: the demo
+        /// corpus, then the Rust documentation that rustup installs, for the larger sizes).
+        #[arg(long)]
+        corpus: Vec<PathBuf>,
+        /// Index sizes in chunks.
+        #[arg(long, default_value = "10000,100000", value_delimiter = ',')]
+        sizes: Vec<usize>,
+        /// Concurrent clients (one keep-alive connection each).
+        #[arg(long, default_value = "1,4,16", value_delimiter = ',')]
+        clients: Vec<usize>,
+        /// Seconds measured per cell, after --warmup seconds not measured.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        #[arg(long, default_value_t = 2.0)]
+        warmup: f64,
+        /// Chunks per search.
+        #[arg(long, default_value_t = 5)]
+        top_k: usize,
+        /// Questions (BEIR queries.jsonl), cycled.
+        #[arg(long, default_value = "../shared/data/eval/squad-v1.1/queries.jsonl")]
+        queries: PathBuf,
+        /// Where the indexes are built and kept between runs.
+        #[arg(long, default_value = "models/bench-indexes")]
+        cache: PathBuf,
+        #[command(flatten)]
+        common: BenchArgs,
+    },
+    /// Generation speed (prefill, decode, time to first token) per weight format beside
+    /// llama.cpp on the same files; speculative decoding; model load times.
+    Generate {
+        /// Models to measure (default: the SmolLM2 GGUF files in models/smollm2).
+        #[arg(long)]
+        model: Vec<PathBuf>,
+        /// Activation dtype.
+        #[arg(long, default_value = "f32")]
+        dtype: String,
+        /// Device of every engine (generation.device: cpu, cuda, cuda:N, auto); on a GPU the
+        /// llama.cpp peer runs there too.
+        #[arg(long, default_value = "cpu")]
+        device: String,
+        /// Prompt lengths in tokens.
+        #[arg(long, default_value = "600,1200", value_delimiter = ',')]
+        prompt_tokens: Vec<usize>,
+        #[arg(long, default_value_t = 128)]
+        new_tokens: usize,
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+        /// Compute threads (RAYON_NUM_THREADS for candle, n_threads for llama.cpp).
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+        /// Text the prompts are cut from.
+        #[arg(
+            long,
+            default_value = "../shared/data/corpus/rust-book/src/ch04-01-what-is-ownership.md"
+        )]
+        text: PathBuf,
+        /// Speculative decoding target and draft (default: the F32 and Q4_1 files).
+        #[arg(long, num_args = 2, value_names = ["TARGET", "DRAFT"])]
+        speculative: Vec<PathBuf>,
+        #[arg(long, default_value_t = 4)]
+        gamma: usize,
+        /// Prompt-lookup drafts of up to N tokens (`generation.lookup_tokens`): a row for the
+        /// speculative target and one for its draft model, each beside its plain decoding
+        /// (0: skip).
+        #[arg(long, default_value_t = 4)]
+        lookup: usize,
+        /// Skip the speculative comparison.
+        #[arg(long)]
+        no_speculative: bool,
+        /// Safetensors directory for the load-time table (default: the SmolLM2 export).
+        #[arg(long, default_value = "models/smollm2/SmolLM2-135M-Instruct-hf")]
+        safetensors: PathBuf,
+        #[arg(long, default_value = "q8_0")]
+        isq: String,
+        /// Skip the load-time table.
+        #[arg(long)]
+        no_load: bool,
+        /// Concurrent clients for the throughput table (`--clients` with no value: skip).
+        #[arg(long, default_value = "1,4,16", value_delimiter = ',', num_args = 0..)]
+        clients: Vec<usize>,
+        /// Distinct prompts for the memory check (0: skip).
+        #[arg(long, default_value_t = 1000)]
+        memory: usize,
+        /// Python of the llama.cpp peer (made by scripts/bench-generate-venv.sh).
+        #[arg(long, default_value = "models/.venv-llama/bin/python")]
+        peer_python: PathBuf,
+        /// A llama-server binary (scripts/llama-server-build.sh): the concurrency table's
+        /// `rag` rows run on it too, one slot per client, same file and prompts.
+        #[arg(long)]
+        llama_server: Option<PathBuf>,
+        #[arg(long)]
+        no_peer: bool,
+        /// CPU kernels: docent (kernels/) or candle (mistral.rs's and candle's own).
+        #[arg(long, default_value = "docent")]
+        kernels: String,
+        /// Instruction-set cap of docent's kernels: auto, avx512, avx2 or scalar.
+        #[arg(long, default_value = "auto")]
+        isa: String,
+        /// Prompt tokens per prefill chunk (0: whole prompts; default: the service's).
+        #[arg(long)]
+        prefill_chunk: Option<usize>,
+        /// Keep Q5_0 weights as they are in the file (`generation.repack = false`).
+        #[arg(long)]
+        no_repack: bool,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Options every benchmark takes.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Embedding model directory (overrides embedding.model_dir), e.g. the int8 model.
+    #[arg(long)]
+    pub model_dir: Option<PathBuf>,
+    /// Python of the peer's environment (made by scripts/bench-peer-venv.sh).
+    #[arg(long, default_value = "models/.venv-peer/bin/python")]
+    pub peer_python: PathBuf,
+    /// Skip the Python peer.
+    #[arg(long)]
+    pub no_peer: bool,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
