@@ -1277,6 +1277,32 @@ mod tests {
     }
 
     #[test]
+    fn prompt_lookup_settings_are_checked() {
+        let mut c = Config::default();
+        c.generation.lookup_tokens = 6;
+        c.validate().unwrap();
+        c.generation.lookup_tokens = 7;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("generation.lookup_tokens") && e.contains('6'),
+            "{e}"
+        );
+        // with a draft model: one kind of draft or the other
+        c.generation.lookup_tokens = 4;
+        c.generation.draft = Some(DraftConfig {
+            model: "draft.gguf".into(),
+            gamma: 4,
+        });
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("generation.lookup_tokens") && e.contains("generation.draft"),
+            "{e}"
+        );
+        c.generation.lookup_tokens = 0;
+        c.validate().unwrap();
+    }
+
+    #[test]
     fn kernel_settings_are_checked() {
         let mut c = Config::default();
         c.generation.isa = "sse9".into();
@@ -1429,6 +1455,35 @@ mod query_limits_tests {
             ..Default::default()
         };
         assert!(long.validate(&limits()).is_err());
+        // prompt-lookup drafts: per request, within the limit, not beside a draft model
+        let lookup = |n: usize| -> QueryRequest {
+            serde_json::from_str(&format!(
+                r#"{{"question": "q", "generation": {{"lookup_tokens": {n}}}}}"#
+            ))
+            .unwrap()
+        };
+        assert_eq!(
+            lookup(3).validate(&limits()).unwrap().params.lookup_tokens,
+            3
+        );
+        assert!(matches!(
+            lookup(7).validate(&limits()),
+            Err(QueryError::Invalid {
+                field: "generation.lookup_tokens",
+                ..
+            })
+        ));
+        let mut drafting = limits();
+        drafting.greedy_only = true;
+        assert!(lookup(3).validate(&drafting).is_err());
+        assert_eq!(
+            lookup(0).validate(&drafting).unwrap().params.lookup_tokens,
+            0
+        );
+        let mut defaulted = limits();
+        defaulted.default_lookup_tokens = 2;
+        let plain: QueryRequest = serde_json::from_str(r#"{"question": "q"}"#).unwrap();
+        assert_eq!(plain.validate(&defaulted).unwrap().params.lookup_tokens, 2);
         // with a draft model, sampling is refused instead of silently decoded greedily
         let mut speculative = limits();
         speculative.greedy_only = true;

@@ -73,7 +73,7 @@ pub struct GenerationOptions {
     /// Not supported: mistral.rs 0.8.1 seeds one random generator per engine (shared by
     /// all requests), so a per-request seed cannot be honoured; refused with 422.
     pub seed: Option<u64>,
-    /// Most tokens of a prompt-lookup draft per step, 0..=16; 0 = off (default:
+    /// Most tokens of a prompt-lookup draft per step, 0..=6; 0 = off (default:
     /// `generation.lookup_tokens`). Speed only: the answer is the same.
     pub lookup_tokens: Option<usize>,
 }
