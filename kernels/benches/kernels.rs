@@ -1,10 +1,13 @@
 //! Kernel timings on a model's layer shapes: `cargo bench -p docent-kernels [-- MODEL]`, MODEL
 //! one of `smollm2` (SmolLM2-135M, the default), `qwen0.5b`, `qwen1.5b` (Qwen2.5 0.5B / 1.5B),
-//! `qwen0.5b-output` (the 0.5B's output layer alone: decode from memory, not cache).
+//! `qwen0.5b-output` / `qwen1.5b-output` (a model's output layer alone: decode from memory, not
+//! cache), `qwen1.5b-layers` (all 28 layers of the 1.5B, timed as one pass: a whole step's
+//! weights from memory; best with `DOCENT_BENCH_ROWS=1,3,5`, which picks the row counts).
 //!
-//! For each weight format: decode (one activation row, a gemv: GB/s of weights read) and
-//! prefill (600 rows: GFLOP/s), on the run-time instruction set and on the scalar one
-//! (`DOCENT_BENCH_NO_SCALAR=1` skips the scalar columns). A second argument keeps one format:
+//! For each weight format: decode (one activation row, a gemv: GB/s of weights read), five
+//! rows (a speculative draft step: GFLOP/s) and prefill (600 rows: GFLOP/s), on every SIMD
+//! level the processor runs (AVX-512 and AVX2 side by side on an AVX-512 machine) and on the
+//! scalar one (`DOCENT_BENCH_NO_SCALAR=1` skips the scalar columns). A second argument keeps one format:
 //! `cargo bench -p docent-kernels -- qwen1.5b Q4_K`.
 
 use std::time::Instant;
@@ -76,13 +79,60 @@ fn main() {
         "qwen1.5b" => vec![(1536, 1536), (256, 1536), (8960, 1536), (1536, 8960)],
         // the output layer of Qwen2.5-0.5B: a gemv over ~145 MB of Q8_0, from memory
         "qwen0.5b-output" => vec![(151_936, 896)],
+        // the output layer of Qwen2.5-1.5B (Q6_K in its Q4_K_M file, ~190 MB): from memory
+        "qwen1.5b-output" => vec![(151_936, 1536)],
+        // every layer of Qwen2.5-1.5B (28 × q, k, v, o, gate, up, down; ~0.9 GB in Q4_K):
+        // a whole decode step's weights, read from memory as in the model
+        "qwen1.5b-layers" => [
+            (1536, 1536),
+            (256, 1536),
+            (256, 1536),
+            (1536, 1536),
+            (8960, 1536),
+            (8960, 1536),
+            (1536, 8960),
+        ]
+        .repeat(28),
         _ => vec![(576, 576), (192, 576), (1536, 576), (576, 1536)],
     };
     let scalar = std::env::var_os("DOCENT_BENCH_NO_SCALAR").is_none();
     println!("shapes of {model}: {shapes:?}");
+    // Every SIMD level this processor runs (AVX2 beside AVX-512 on an AVX-512 machine), then
+    // the scalar one.
+    let mut levels: Vec<Isa> = Isa::available()
+        .into_iter()
+        .rev()
+        .filter(|&l| l != Isa::Scalar)
+        .collect();
+    if scalar || levels.is_empty() {
+        levels.push(Isa::Scalar);
+    }
     let mut seed = 0x1234_5678_9abc_def0u64;
-    println!("| format | decode GB/s ({}) | decode GB/s (scalar) | prefill 600 GFLOP/s ({}) | prefill GFLOP/s (scalar) |", isa.name(), isa.name());
-    println!("|---|---|---|---|---|");
+    // decode (1 row: GB/s of weights), a few rows (a speculative draft step: GFLOP/s),
+    // prefill (600 rows: GFLOP/s); DOCENT_BENCH_ROWS=1,3,5 picks other row counts
+    let rows_asked: Vec<usize> = std::env::var("DOCENT_BENCH_ROWS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 5, 600]);
+    let cases: Vec<(usize, String)> = rows_asked
+        .iter()
+        .map(|&m| match m {
+            1 => (m, "decode GB/s".to_string()),
+            600 => (m, "prefill 600 GFLOP/s".to_string()),
+            m => (m, format!("{m} rows GFLOP/s")),
+        })
+        .collect();
+    // Many shapes (a whole model's layers): one timed pass over all of them, as a forward
+    // pass reads them, so each weight comes from memory; few shapes: each timed alone.
+    let whole_pass = shapes.len() > 8;
+    let mut header = vec!["format".to_string()];
+    for (_, what) in &cases {
+        for l in &levels {
+            header.push(format!("{what} ({})", l.name()));
+        }
+    }
+    println!("| {} |", header.join(" | "));
+    println!("|{}", "---|".repeat(header.len()));
     for format in Format::ALL {
         if only.as_deref().is_some_and(|o| o != format.name()) {
             continue;
@@ -94,36 +144,56 @@ fn main() {
             .filter(|&(_, c)| cols_ok(c))
             .collect();
         let mut cells = Vec::new();
-        for (m, level) in [(1, isa), (1, Isa::Scalar), (600, isa), (600, Isa::Scalar)] {
-            if shapes.is_empty() || (level == Isa::Scalar && !scalar) {
-                cells.push("–".into());
-                continue;
-            }
-            let mut bytes = 0usize;
-            let mut flops = 0usize;
-            let mut secs = 0f64;
-            for &(rows, cols) in &shapes {
-                let data = weights(format, rows, cols, &mut seed);
-                let x: Vec<f32> = (0..m * cols)
+        for &(m, _) in &cases {
+            for &level in &levels {
+                if shapes.is_empty() {
+                    cells.push("–".into());
+                    continue;
+                }
+                let mut bytes = 0usize;
+                let mut flops = 0usize;
+                let mut secs = 0f64;
+                let x: Vec<f32> = (0..m * shapes.iter().map(|s| s.1).max().unwrap_or(0))
                     .map(|i| ((i % 17) as f32 - 8.0) * 0.1)
                     .collect();
-                let w = WeightView {
-                    ggml_type: format.ggml_id(),
-                    rows,
-                    cols,
-                    data: &data,
-                };
-                secs += time(|| {
-                    std::hint::black_box(matmul_with(level, &w, &x, m));
+                let mut all = Vec::new();
+                for &(rows, cols) in &shapes {
+                    let data = weights(format, rows, cols, &mut seed);
+                    bytes += data.len();
+                    flops += 2 * m * rows * cols;
+                    if whole_pass {
+                        all.push((rows, cols, data));
+                        continue;
+                    }
+                    let w = WeightView {
+                        ggml_type: format.ggml_id(),
+                        rows,
+                        cols,
+                        data: &data,
+                    };
+                    secs += time(|| {
+                        std::hint::black_box(matmul_with(level, &w, &x[..m * cols], m));
+                    });
+                }
+                if whole_pass {
+                    secs = time(|| {
+                        for (rows, cols, data) in &all {
+                            let w = WeightView {
+                                ggml_type: format.ggml_id(),
+                                rows: *rows,
+                                cols: *cols,
+                                data,
+                            };
+                            std::hint::black_box(matmul_with(level, &w, &x[..m * cols], m));
+                        }
+                    });
+                }
+                cells.push(if m == 1 {
+                    format!("{:.1}", bytes as f64 / secs / 1e9)
+                } else {
+                    format!("{:.1}", flops as f64 / secs / 1e9)
                 });
-                bytes += data.len();
-                flops += 2 * m * rows * cols;
             }
-            cells.push(if m == 1 {
-                format!("{:.1}", bytes as f64 / secs / 1e9)
-            } else {
-                format!("{:.1}", flops as f64 / secs / 1e9)
-            });
         }
         println!("| {} | {} |", format.name(), cells.join(" | "));
     }

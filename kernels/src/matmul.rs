@@ -17,8 +17,12 @@
 //!   weight rows × 4 activation rows instead, and decode a loop of their own per format.
 //! - The output is written once, without zero-filling it first.
 //!
+//! - A few activation rows (up to [`R`]: a speculative step's draft) are split over the
+//!   threads as decode is, and the AVX-512 micro-kernel is instantiated for exactly that many
+//!   rows (no padding rows computed).
+//!
 //! Every format has a plain scalar micro-kernel computing the same integer sums; the AVX2
-//! kernels (also used on AVX-512 machines for the K formats), the AVX-512 kernels and, on
+//! kernels, the AVX-512 kernels (every format; VNNI where the processor has it) and, on
 //! aarch64, the NEON kernels (with `sdot` where the processor has dotprod) are chosen at run
 //! time. [`matmul_reference`]
 //! dequantises each weight row to f32 and is what the tests compare against.
@@ -43,6 +47,9 @@ pub struct WeightView<'a> {
 
 /// Activation rows per micro-kernel call in prefill.
 pub const R: usize = 8;
+/// Up to this many activation rows (decode, a speculative step's draft), the weight rows are
+/// split as for decode rather than in cache-sized prefill tiles.
+const FEW_ROWS: usize = R;
 /// Activation rows per AVX2 micro-kernel call (16 vector registers; AVX-512 takes all [`R`]).
 #[cfg(target_arch = "x86_64")]
 const R_AVX2: usize = 4;
@@ -203,7 +210,9 @@ pub fn matmul_with(isa: Isa, w: &WeightView<'_>, x: &[f32], m: usize) -> Option<
         let threads = rayon::current_num_threads().max(1);
         // Enough chunks to balance the threads, few enough that each is worth a task; in
         // prefill a chunk's weights stay in L1/L2 while every activation row passes by.
-        let per_task = if m == 1 {
+        let per_task = if m <= FEW_ROWS {
+            // decode, or a draft step's few rows: each weight row is read once from memory
+            // and serves every activation row, so large chunks (few tasks) do best
             rows.div_ceil(threads * 4).max(16)
         } else {
             rows.div_ceil(threads * 8)
@@ -288,13 +297,25 @@ fn dot_rows(
     if isa >= Isa::Avx512 && avx512::handles(format, cols) {
         // SAFETY: the caller capped `isa` at what the processor supports, so AVX-512 F/BW/VL
         // (and AVX2/FMA/F16C) are present; the slices were checked to hold `cols` elements.
+        // A kernel for each row count: a draft step's few rows compute no padding rows.
+        macro_rules! exactly {
+            ($k:literal) => {{
+                let part: &[Act<'_>; $k] = acts[..$k].try_into().expect("k <= R");
+                let mut res = [0f32; $k];
+                avx512::dot_rows(format, w, cols, part, &mut res);
+                out[..$k].copy_from_slice(&res);
+            }};
+        }
         unsafe {
-            if n == 1 {
-                let mut one = [0f32; 1];
-                avx512::dot_rows(format, w, cols, &[acts[0]], &mut one);
-                out[0] = one[0];
-            } else {
-                avx512::dot_rows(format, w, cols, acts, out);
+            match n {
+                1 => exactly!(1),
+                2 => exactly!(2),
+                3 => exactly!(3),
+                4 => exactly!(4),
+                5 => exactly!(5),
+                6 => exactly!(6),
+                7 => exactly!(7),
+                _ => avx512::dot_rows(format, w, cols, acts, out),
             }
         }
         return;
@@ -982,7 +1003,7 @@ mod avx2 {
     }
 
     #[inline(always)]
-    fn q8k(act: &Act<'_>) -> (*const i8, *const f32, *const i16) {
+    pub(super) fn q8k(act: &Act<'_>) -> (*const i8, *const f32, *const i16) {
         let (qs, d, bsums) = act.q8k();
         (qs.as_ptr(), d.as_ptr(), bsums.as_ptr())
     }
@@ -990,7 +1011,7 @@ mod avx2 {
     /// Q4_K's 12 bytes of six-bit scales and mins → (8 scales, 8 mins), one byte each, in two
     /// u64s (ggml's bit shuffle; the same values as [`super::q4k_scale_min`]).
     #[inline(always)]
-    unsafe fn q4k_scales_mins(p: *const u8) -> (u64, u64) {
+    pub(super) unsafe fn q4k_scales_mins(p: *const u8) -> (u64, u64) {
         const K1: u32 = 0x3f3f_3f3f;
         const K2: u32 = 0x0f0f_0f0f;
         const K3: u32 = 0x0303_0303;
@@ -1016,8 +1037,21 @@ mod avx2 {
         _mm_madd_epi16(mins, _mm_hadd_epi16(lo, hi))
     }
 
+    /// `acc` plus `scale` × [`q4k_min_sums`] (the mins' correction of one Q4_K block for one
+    /// activation row, 4 lanes).
     #[inline(always)]
-    unsafe fn hsum128(v: __m128) -> f32 {
+    pub(super) unsafe fn q4k_mins_acc(
+        acc: __m128,
+        mins: __m128i,
+        bs: *const i16,
+        scale: f32,
+    ) -> __m128 {
+        let pm = q4k_min_sums(mins, bs);
+        _mm_fmadd_ps(_mm_set1_ps(scale), _mm_cvtepi32_ps(pm), acc)
+    }
+
+    #[inline(always)]
+    pub(super) unsafe fn hsum128(v: __m128) -> f32 {
         let s = _mm_add_ps(v, _mm_movehl_ps(v, v));
         let s = _mm_add_ss(s, _mm_movehdup_ps(s));
         _mm_cvtss_f32(s)
@@ -1069,8 +1103,7 @@ mod avx2 {
                 }
                 let dy = *d.add(b);
                 acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(sumi), acc[r]);
-                let pm = q4k_min_sums(mins, bs.add(16 * b));
-                accm[r] = _mm_fmadd_ps(_mm_set1_ps(dmin * dy), _mm_cvtepi32_ps(pm), accm[r]);
+                accm[r] = q4k_mins_acc(accm[r], mins, bs.add(16 * b), dmin * dy);
             }
         }
         for r in 0..R {
@@ -1147,23 +1180,24 @@ mod avx2 {
 }
 
 /// AVX-512 kernels: two 32-element blocks per 512-bit register for the 32-element formats
-/// (with VNNI's `vpdpbusd` where the processor has it), 16 lanes for F32/F16. The K formats
-/// stay on the AVX2 kernels.
+/// (with VNNI's `vpdpbusd` where the processor has it), 16 lanes for F32/F16, and 64 elements
+/// per register for Q4_K/Q6_K (their scales applied as 16-bit multiply-adds, fused with the
+/// accumulation by VNNI's `vpdpwssd` where the processor has it).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // lanes and rows indexed side by side
 mod avx512 {
     use std::arch::x86_64::*;
     use std::sync::OnceLock;
 
-    use super::avx2::{f16, nibbles};
+    use super::avx2::{f16, hsum128, nibbles, q4k_mins_acc, q4k_scales_mins, q8k};
     use super::{Act, Format};
 
-    /// Whether these kernels take `format` at this width (an even number of 32-blocks).
+    /// Whether these kernels take `format` at this width (an even number of 32-blocks; the K
+    /// formats always come in whole 256-blocks).
     pub(super) fn handles(format: Format, cols: usize) -> bool {
         match format {
-            Format::F32 | Format::F16 => true,
+            Format::F32 | Format::F16 | Format::Q4K | Format::Q6K => true,
             Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0 => cols.is_multiple_of(64),
-            Format::Q4K | Format::Q6K => false,
         }
     }
 
@@ -1184,8 +1218,206 @@ mod avx512 {
     ) {
         match format {
             Format::F32 | Format::F16 => dot_float(format == Format::F16, w, cols, acts, out),
+            Format::Q4K | Format::Q6K if vnni() => dot_k_vnni(format, w, cols, acts, out),
+            Format::Q4K | Format::Q6K => dot_k_bw(format, w, cols, acts, out),
             _ if vnni() => dot_q32_vnni(format, w, cols, acts, out),
             _ => dot_q32_bw(format, w, cols, acts, out),
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn dot_k_vnni<const R: usize>(
+        format: Format,
+        w: &[u8],
+        cols: usize,
+        acts: &[Act<'_>; R],
+        out: &mut [f32; R],
+    ) {
+        if format == Format::Q4K {
+            dot_q4k::<R, true>(w, cols, acts, out)
+        } else {
+            dot_q6k::<R, true>(w, cols, acts, out)
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn dot_k_bw<const R: usize>(
+        format: Format,
+        w: &[u8],
+        cols: usize,
+        acts: &[Act<'_>; R],
+        out: &mut [f32; R],
+    ) {
+        if format == Format::Q4K {
+            dot_q4k::<R, false>(w, cols, acts, out)
+        } else {
+            dot_q6k::<R, false>(w, cols, acts, out)
+        }
+    }
+
+    /// `acc + Σ pairs of (u·s) · scale` → 16 × i32: `u` unsigned bytes, `s` signed bytes,
+    /// `scale` 32 × i16 (one per pair of bytes).
+    #[inline(always)]
+    unsafe fn scaled_dot<const VNNI: bool>(
+        acc: __m512i,
+        u: __m512i,
+        s: __m512i,
+        scale: __m512i,
+    ) -> __m512i {
+        let p = _mm512_maddubs_epi16(u, s);
+        if VNNI {
+            _mm512_dpwssd_epi32(acc, p, scale)
+        } else {
+            _mm512_add_epi32(acc, _mm512_madd_epi16(p, scale))
+        }
+    }
+
+    /// The activation rows' (qs, d, bsums) pointers.
+    #[inline(always)]
+    fn q8k_rows<const R: usize>(acts: &[Act<'_>; R]) -> [(*const i8, *const f32, *const i16); R] {
+        let mut a = [(std::ptr::null(), std::ptr::null(), std::ptr::null()); R];
+        for r in 0..R {
+            a[r] = q8k(&acts[r]);
+        }
+        a
+    }
+
+    /// Σ over a 256-block of one activation row (`qs`) · the block's 4 registers of unpacked
+    /// weights, each times its scales → 16 × i32.
+    #[inline(always)]
+    unsafe fn block_sum<const VNNI: bool>(
+        qs: *const i8,
+        q: &[__m512i; 4],
+        scales: &[__m512i; 4],
+    ) -> __m512i {
+        let mut sumi = _mm512_setzero_si512();
+        for k in 0..4 {
+            let y = _mm512_loadu_si512(qs.add(64 * k) as *const _);
+            sumi = scaled_dot::<VNNI>(sumi, q[k], y, scales[k]);
+        }
+        sumi
+    }
+
+    /// Q4_K against R rows of Q8_K activations. A register holds 64 weights, the low and the
+    /// high nibbles of 32 bytes (two sub-blocks of 32, contiguous in the activations), with
+    /// the two sub-blocks' scales in its two halves; the mins' correction as in the AVX2
+    /// kernel.
+    #[inline(always)]
+    unsafe fn dot_q4k<const R: usize, const VNNI: bool>(
+        w: &[u8],
+        cols: usize,
+        acts: &[Act<'_>; R],
+        out: &mut [f32; R],
+    ) {
+        let a = q8k_rows(acts);
+        let nb = cols / 256;
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut accm = [_mm_setzero_ps(); R];
+        let m4 = _mm512_set1_epi8(0x0F);
+        // the low half of a register keeps the low nibbles, the high half the high ones
+        let shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+        // register j holds sub-blocks 2j (low half) and 2j + 1 (high half): its scales are
+        // picked from the 8 (i16 lanes 0..8) by lanes 0..16 ← 2j, lanes 16..32 ← 2j + 1
+        let mut pick = [_mm512_setzero_si512(); 4];
+        for (j, p) in pick.iter_mut().enumerate() {
+            let (lo, hi) = (2 * j as i16, 2 * j as i16 + 1);
+            *p = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_set1_epi16(lo)),
+                _mm256_set1_epi16(hi),
+                1,
+            );
+        }
+        for b in 0..nb {
+            let blk = w.as_ptr().add(b * 144);
+            let dw = f16(blk);
+            let dmin = f16(blk.add(2));
+            let (sc, mn) = q4k_scales_mins(blk.add(4));
+            let mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
+            let sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+            let mut q = [_mm512_setzero_si512(); 4];
+            let mut scv = [_mm512_setzero_si512(); 4];
+            for j in 0..4 {
+                let raw = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                    blk.add(16 + 32 * j) as *const __m256i
+                ));
+                q[j] = _mm512_and_si512(_mm512_srlv_epi64(raw, shift), m4);
+                scv[j] = _mm512_permutexvar_epi16(pick[j], sc16);
+            }
+            for r in 0..R {
+                let (qs, d, bs) = a[r];
+                let sumi = block_sum::<VNNI>(qs.add(256 * b), &q, &scv);
+                let dy = *d.add(b);
+                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(dw * dy), _mm512_cvtepi32_ps(sumi), acc[r]);
+                accm[r] = q4k_mins_acc(accm[r], mins, bs.add(16 * b), dmin * dy);
+            }
+        }
+        for r in 0..R {
+            out[r] = _mm512_reduce_add_ps(acc[r]) - hsum128(accm[r]);
+        }
+    }
+
+    /// Q6_K against R rows of Q8_K activations. A register holds 64 six-bit values (0..63,
+    /// the stored q + 32), contiguous in the activations; its four 128-bit lanes are four
+    /// groups of 16 with a scale each. The 32 · Σ scale · (group sum) offset comes off each
+    /// block's integer sum as in the AVX2 kernel.
+    #[inline(always)]
+    unsafe fn dot_q6k<const R: usize, const VNNI: bool>(
+        w: &[u8],
+        cols: usize,
+        acts: &[Act<'_>; R],
+        out: &mut [f32; R],
+    ) {
+        let a = q8k_rows(acts);
+        let nb = cols / 256;
+        let mut acc = [_mm512_setzero_ps(); R];
+        let m4 = _mm512_set1_epi8(0x0F);
+        let m2 = _mm512_set1_epi8(0x03);
+        // the high half of a register takes the high bits two places further up
+        let shift = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+        // register g (of 4) covers the groups 4g .. 4g + 4, one per 128-bit lane
+        let mut pick = [_mm512_setzero_si512(); 4];
+        for (g, p) in pick.iter_mut().enumerate() {
+            let g = 4 * g as i16;
+            *p = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(g + 1), _mm_set1_epi16(g))),
+                _mm256_set_m128i(_mm_set1_epi16(g + 3), _mm_set1_epi16(g + 2)),
+                1,
+            );
+        }
+        for b in 0..nb {
+            let blk = w.as_ptr().add(b * 210);
+            let dw = f16(blk.add(208));
+            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192) as *const __m128i));
+            let sc512 = _mm512_castsi256_si512(sc16);
+            // u[2h + k]: elements 128h + 64k .. + 64
+            let mut u = [_mm512_setzero_si512(); 4];
+            let mut scv = [_mm512_setzero_si512(); 4];
+            for h in 0..2 {
+                let ql = _mm512_loadu_si512(blk.add(64 * h) as *const _);
+                let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                    blk.add(128 + 32 * h) as *const __m256i
+                ));
+                let qh = _mm512_srlv_epi64(qh, shift);
+                let h01 = _mm512_slli_epi16(_mm512_and_si512(qh, m2), 4);
+                let h23 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 4), m2), 4);
+                u[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), h01);
+                u[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), h23);
+            }
+            for g in 0..4 {
+                scv[g] = _mm512_permutexvar_epi16(pick[g], sc512);
+            }
+            for r in 0..R {
+                let (qs, d, bs) = a[r];
+                let sumi = block_sum::<VNNI>(qs.add(256 * b), &u, &scv);
+                let bsv = _mm256_loadu_si256(bs.add(16 * b) as *const __m256i);
+                let corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsv), 5);
+                let sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(corr));
+                let dy = *d.add(b);
+                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(dw * dy), _mm512_cvtepi32_ps(sumi), acc[r]);
+            }
+        }
+        for r in 0..R {
+            out[r] = _mm512_reduce_add_ps(acc[r]);
         }
     }
 
@@ -1368,7 +1600,62 @@ mod avx512 {
         use super::super::{scalar, Act};
         use super::*;
         use crate::quant::testutil::{random_row, Rng};
-        use crate::quant::Q8Rows;
+        use crate::quant::{Q8KRows, Q8Rows};
+
+        /// The K formats' 512-bit variants (VNNI and plain AVX-512 BW, whichever the
+        /// processor has) against the scalar micro-kernel on the same 8-bit activations, for
+        /// one row (decode) and eight (prefill).
+        #[test]
+        fn k_format_variants_match_the_scalar_kernel() {
+            if crate::cpu::detect() < crate::Isa::Avx512 {
+                return;
+            }
+            let mut rng = Rng(78);
+            for format in [Format::Q4K, Format::Q6K] {
+                for _ in 0..4 {
+                    let cols = 256 * (1 + rng.below(6));
+                    let w = random_row(&mut rng, format, cols);
+                    let x: Vec<f32> = (0..8 * cols).map(|_| rng.f32()).collect();
+                    let mut q = Q8KRows::default();
+                    q.quantize(crate::Isa::Avx512, &x, 8, cols);
+                    let nb = cols / 256;
+                    let acts: [Act<'_>; 8] = std::array::from_fn(|r| Act::Q8K {
+                        qs: &q.qs[r * cols..(r + 1) * cols],
+                        d: &q.d[r * nb..(r + 1) * nb],
+                        bsums: &q.bsums[r * nb * 16..(r + 1) * nb * 16],
+                    });
+                    let mut bw = [0f32; 8];
+                    let mut one = [0f32; 1];
+                    // SAFETY: AVX-512 F/BW/VL were detected above.
+                    unsafe {
+                        dot_k_bw(format, &w, cols, &acts, &mut bw);
+                        dot_k_bw(format, &w, cols, &[acts[0]], &mut one);
+                    }
+                    let mut variants = vec![("bw", bw.to_vec()), ("bw one row", one.to_vec())];
+                    if std::arch::is_x86_feature_detected!("avx512vnni") {
+                        let mut v = [0f32; 8];
+                        let mut v1 = [0f32; 1];
+                        // SAFETY: AVX-512 VNNI was detected too.
+                        unsafe {
+                            dot_k_vnni(format, &w, cols, &acts, &mut v);
+                            dot_k_vnni(format, &w, cols, &[acts[0]], &mut v1);
+                        }
+                        variants.push(("vnni", v.to_vec()));
+                        variants.push(("vnni one row", v1.to_vec()));
+                    }
+                    for (name, got) in &variants {
+                        for (r, g) in got.iter().enumerate() {
+                            let want = scalar::dot(format, &w, cols, acts[r]);
+                            assert!(
+                                (g - want).abs() <= 1e-4 * want.abs().max(1.0),
+                                "{} {name} row {r}: {g} vs {want}",
+                                format.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
 
         /// Both 512-bit variants (VNNI and plain AVX-512 BW), whichever the processor has,
         /// against the scalar micro-kernel on the same 8-bit activations.

@@ -78,6 +78,10 @@ pub struct ModelRow {
     pub llama_cpp: Vec<Speed>,
     /// Leading generated tokens both engines agree on, per prompt.
     pub agreement: Vec<usize>,
+    /// The greedy token ids each engine generated, per prompt (for `--json` readers that check
+    /// where and why the engines part).
+    pub docent_ids: Vec<Vec<u32>>,
+    pub llama_cpp_ids: Vec<Vec<u32>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -406,6 +410,8 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
             docent: Vec::new(),
             llama_cpp: Vec::new(),
             agreement: Vec::new(),
+            docent_ids: Vec::new(),
+            llama_cpp_ids: Vec::new(),
         };
         let mut ours = Vec::new();
         for prompt in &prompts {
@@ -415,6 +421,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
             ours.push(generated);
         }
         drop(generator);
+        row.docent_ids = ours.clone();
         if report.models.is_empty() && cell.isq.is_none() {
             first_outputs = ours.clone();
         }
@@ -428,6 +435,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
             for (r, mine) in theirs.results.iter().zip(&ours) {
                 row.agreement.push(common_prefix(mine, &r.generated));
                 row.llama_cpp.push(r.speed.clone());
+                row.llama_cpp_ids.push(r.generated.clone());
             }
         }
         report.models.push(row);
