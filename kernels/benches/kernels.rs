@@ -81,7 +81,7 @@ fn main() {
         "qwen0.5b-output" => vec![(151_936, 896)],
         // the output layer of Qwen2.5-1.5B (Q6_K in its Q4_K_M file, ~190 MB): from memory
         "qwen1.5b-output" => vec![(151_936, 1536)],
-        // every layer of Qwen2.5-1.5B (28 × q, k, v, o, gate, up, down; ~0.9 GB in Q4_K):
+        // every layer of Qwen2.5-1.5B (28 × q, k, v, o, gate, up, down; 0.74 GB in Q4_K):
         // a whole decode step's weights, read from memory as in the model
         "qwen1.5b-layers" => [
             (1536, 1536),
