@@ -7,8 +7,8 @@
 //! For each weight format: decode (one activation row, a gemv: GB/s of weights read), five
 //! rows (a speculative draft step: GFLOP/s) and prefill (600 rows: GFLOP/s), on every SIMD
 //! level the processor runs (AVX-512 and AVX2 side by side on an AVX-512 machine) and on the
-//! scalar one (`DOCENT_BENCH_NO_SCALAR=1` skips the scalar columns). A second argument keeps one format:
-//! `cargo bench -p docent-kernels -- qwen1.5b Q4_K`.
+//! scalar one (`DOCENT_BENCH_NO_SCALAR=1` skips the scalar columns). A second argument keeps
+//! one format: `cargo bench -p docent-kernels -- qwen1.5b Q4_K`.
 
 use std::time::Instant;
 
@@ -143,51 +143,41 @@ fn main() {
             .copied()
             .filter(|&(_, c)| cols_ok(c))
             .collect();
+        // the weights, made once per format: every column reads the same bytes
+        let data: Vec<Vec<u8>> = shapes
+            .iter()
+            .map(|&(rows, cols)| weights(format, rows, cols, &mut seed))
+            .collect();
+        let bytes: usize = data.iter().map(Vec::len).sum();
         let mut cells = Vec::new();
         for &(m, _) in &cases {
+            let x: Vec<f32> = (0..m * shapes.iter().map(|s| s.1).max().unwrap_or(0))
+                .map(|i| ((i % 17) as f32 - 8.0) * 0.1)
+                .collect();
+            let flops: usize = shapes.iter().map(|&(rows, cols)| 2 * m * rows * cols).sum();
             for &level in &levels {
                 if shapes.is_empty() {
                     cells.push("–".into());
                     continue;
                 }
-                let mut bytes = 0usize;
-                let mut flops = 0usize;
-                let mut secs = 0f64;
-                let x: Vec<f32> = (0..m * shapes.iter().map(|s| s.1).max().unwrap_or(0))
-                    .map(|i| ((i % 17) as f32 - 8.0) * 0.1)
-                    .collect();
-                let mut all = Vec::new();
-                for &(rows, cols) in &shapes {
-                    let data = weights(format, rows, cols, &mut seed);
-                    bytes += data.len();
-                    flops += 2 * m * rows * cols;
-                    if whole_pass {
-                        all.push((rows, cols, data));
-                        continue;
-                    }
+                let run = |&(rows, cols): &(usize, usize), data: &[u8]| {
                     let w = WeightView {
                         ggml_type: format.ggml_id(),
                         rows,
                         cols,
-                        data: &data,
+                        data,
                     };
-                    secs += time(|| {
-                        std::hint::black_box(matmul_with(level, &w, &x[..m * cols], m));
-                    });
-                }
-                if whole_pass {
-                    secs = time(|| {
-                        for (rows, cols, data) in &all {
-                            let w = WeightView {
-                                ggml_type: format.ggml_id(),
-                                rows: *rows,
-                                cols: *cols,
-                                data,
-                            };
-                            std::hint::black_box(matmul_with(level, &w, &x[..m * cols], m));
-                        }
-                    });
-                }
+                    std::hint::black_box(matmul_with(level, &w, &x[..m * cols], m));
+                };
+                let secs = if whole_pass {
+                    time(|| shapes.iter().zip(&data).for_each(|(s, d)| run(s, d)))
+                } else {
+                    shapes
+                        .iter()
+                        .zip(&data)
+                        .map(|(s, d)| time(|| run(s, d)))
+                        .sum()
+                };
                 cells.push(if m == 1 {
                     format!("{:.1}", bytes as f64 / secs / 1e9)
                 } else {

@@ -15,11 +15,10 @@
 //!   micro-kernel call multiplies one weight row by R activation rows, so a weight block is
 //!   loaded (and unpacked) once for R rows. On AVX2 the 32-element formats use a tile of 2
 //!   weight rows × 4 activation rows instead, and decode a loop of their own per format.
-//! - The output is written once, without zero-filling it first.
-//!
 //! - A few activation rows (up to [`R`]: a speculative step's draft) are split over the
 //!   threads as decode is, and the AVX-512 micro-kernel is instantiated for exactly that many
 //!   rows (no padding rows computed).
+//! - The output is written once, without zero-filling it first.
 //!
 //! Every format has a plain scalar micro-kernel computing the same integer sums; the AVX2
 //! kernels, the AVX-512 kernels (every format; VNNI where the processor has it) and, on
