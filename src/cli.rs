@@ -347,7 +347,8 @@ pub enum Bench {
         /// Prompt tokens per prefill chunk (0: whole prompts; default: the service's).
         #[arg(long)]
         prefill_chunk: Option<usize>,
-        /// Keep Q5_0 weights as they are in the file (`generation.repack = false`).
+        /// Keep the weights in the file's layout (`generation.repack = false`: no Q5_0 → Q8_0,
+        /// no Q4_K interleaving).
         #[arg(long)]
         no_repack: bool,
         #[arg(long)]

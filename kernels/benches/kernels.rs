@@ -13,6 +13,7 @@
 use std::time::Instant;
 
 use docent_kernels::matmul::{matmul_with, WeightView};
+use docent_kernels::q4k_x8;
 use docent_kernels::quant::Format;
 use docent_kernels::Isa;
 
@@ -133,10 +134,21 @@ fn main() {
     }
     println!("| {} |", header.join(" | "));
     println!("|{}", "---|".repeat(header.len()));
-    for format in Format::ALL {
+    // every format in GGUF's row layout, and Q4_K with eight rows interleaved ("Q4_K x8",
+    // docent's decode layout) after Q4_K
+    let entries = Format::ALL.into_iter().flat_map(|f| {
+        let x8 = (f == Format::Q4K).then_some((f, true));
+        std::iter::once((f, false)).chain(x8)
+    });
+    for (format, interleaved) in entries {
         if only.as_deref().is_some_and(|o| o != format.name()) {
             continue;
         }
+        let ggml_type = if interleaved {
+            q4k_x8::ID
+        } else {
+            format.ggml_id()
+        };
         let cols_ok = |c: usize| c.is_multiple_of(format.block_elems());
         let shapes: Vec<_> = shapes
             .iter()
@@ -146,7 +158,13 @@ fn main() {
         // the weights, made once per format: every column reads the same bytes
         let data: Vec<Vec<u8>> = shapes
             .iter()
-            .map(|&(rows, cols)| weights(format, rows, cols, &mut seed))
+            .map(|&(rows, cols)| {
+                let w = weights(format, rows, cols, &mut seed);
+                match interleaved {
+                    true => q4k_x8::interleave(rows, cols, &w).expect("whole groups of 8 rows"),
+                    false => w,
+                }
+            })
             .collect();
         let bytes: usize = data.iter().map(Vec::len).sum();
         let mut cells = Vec::new();
@@ -162,7 +180,7 @@ fn main() {
                 }
                 let run = |&(rows, cols): &(usize, usize), data: &[u8]| {
                     let w = WeightView {
-                        ggml_type: format.ggml_id(),
+                        ggml_type,
                         rows,
                         cols,
                         data,
@@ -185,6 +203,7 @@ fn main() {
                 });
             }
         }
-        println!("| {} | {} |", format.name(), cells.join(" | "));
+        let name = format!("{}{}", format.name(), if interleaved { " x8" } else { "" });
+        println!("| {name} | {} |", cells.join(" | "));
     }
 }

@@ -172,9 +172,11 @@ pub struct GenerationConfig {
     /// bytes attention reads per token; keys and values rounded to F16, as llama.cpp does).
     #[serde(default = "default_kv_cache")]
     pub kv_cache: String,
-    /// Rewrite Q5_0 weights as Q8_0 when a GGUF model loads, for docent's CPU kernels: the
-    /// same values (bit-identical answers), prefill without unpacking the fifth bit, 12
-    /// more bytes per 32 such weights in memory (Qwen2.5 0.5B: +120 MB).
+    /// Rewrite weights when a GGUF model loads, for docent's CPU kernels (not with ISQ):
+    /// Q5_0 as Q8_0 (the same values, bit-identical answers; prefill without unpacking the
+    /// fifth bit; 12 more bytes per 32 such weights, Qwen2.5 0.5B: +120 MB), and Q4_K with
+    /// eight rows interleaved on x86-64 with AVX2 (the same bytes rearranged; decode reads
+    /// eight rows at once).
     #[serde(default = "default_true")]
     pub repack: bool,
     /// Continuous batching on the CPU (GGUF llama, mistral3 and qwen2 models, no draft model): answers of
@@ -745,7 +747,9 @@ impl Generator {
             None => loader,
         };
         cpu_kernels::init_threads(config.threads);
-        cpu_kernels::install(config.kernels == "docent", &config.isa, config.repack);
+        // an ISQ model's weights are re-quantised after load, from the file's layout
+        let repack = config.repack && config.isq.is_none();
+        cpu_kernels::install(config.kernels == "docent", &config.isa, repack);
         mistralrs::core::set_prefix_cache_limit_bytes(config.prefix_cache_mib << 20);
         mistralrs::core::set_cpu_kv_cache_f16(config.kv_cache == "f16");
         // drafts are asked for per request (`Generator::send`); the proposer is the same

@@ -223,27 +223,52 @@ fn qwen() -> GenerationConfig {
 }
 
 /// `generation.repack = false`: the Q5_0 weights stay as in the file, on their own kernels,
-/// and give the same ids as the Q8_0 rewrite (the fixture), which is lossless.
+/// and give the ids of the Q8_0 rewrite (the fixture), which is lossless. The switch also
+/// keeps the Q4_K weights in rows (the fixture's run interleaved them), whose kernels add up
+/// in another order, so the two runs may part only at a near-tie: where llama.cpp's top two
+/// logits are within 0.25, the fixture test's bound (a wrong Q5_0 product parts them where
+/// the margin is wide: 3.2 and 6.6 at the first token of these prompts).
 #[tokio::test]
 async fn qwen_without_the_q8_0_rewrite_gives_the_same_tokens() {
     let _turn = KNOBS.lock().await;
     let fixture = qwen_fixture();
+    let margins = &fixture
+        .llama_cpp
+        .as_ref()
+        .expect("the fixture has llama.cpp's scores")
+        .margins;
     let repacked = cpu_kernels::repacked();
     let mut c = qwen();
     c.repack = false;
     let generator = Generator::load(&c).await.expect("load Qwen 0.5B");
     assert_eq!(cpu_kernels::repacked(), repacked, "nothing rewritten");
-    for (p, want) in fixture.prompts.iter().zip(&fixture.docent).take(2) {
+    for (i, (p, want)) in fixture
+        .prompts
+        .iter()
+        .zip(&fixture.docent)
+        .take(2)
+        .enumerate()
+    {
         let g = generator
             .complete_tokens(p.tokens.clone(), fixture.new_tokens)
             .await
             .expect("generate");
-        assert_eq!(
-            g.token_ids.as_ref(),
-            Some(want),
-            "prompt {}: the Q5_0 kernels and the Q8_0 rewrite disagree",
-            p.name
+        let got = g.token_ids.as_deref().unwrap_or_default();
+        let n = agree(got, want);
+        eprintln!(
+            "prompt {}: {n} of {} ids equal the rewrite's",
+            p.name,
+            want.len()
         );
+        if n < want.len() {
+            let margin = margins[i][n];
+            assert!(
+                margin < 0.25,
+                "prompt {}: the Q5_0 kernels and the Q8_0 rewrite part at token {n}, where \
+                 llama.cpp's top two are {margin} apart (not a near-tie)\n{got:?}\n{want:?}",
+                p.name
+            );
+        }
     }
 }
 
@@ -310,15 +335,22 @@ fn agree(a: &[u32], b: &[u32]) -> usize {
 async fn qwen_greedy_tokens_match_the_fixture_and_llama_cpp() {
     let _turn = KNOBS.lock().await;
     let bless = std::env::var_os("DOCENT_BLESS").is_some();
-    let repacked = cpu_kernels::repacked();
+    let (repacked, interleaved) = (cpu_kernels::repacked(), cpu_kernels::interleaved());
     let generator = Generator::load(&qwen()).await.expect("load Qwen 0.5B");
     // generation.repack (on): the Q5_0 projections (q, k, v, o, gate, up: 896 columns)
-    // run as Q8_0, and the ids below are the ones recorded on the Q5_0 kernels
+    // run as Q8_0, and the ids below are the ones recorded on the Q5_0 kernels; with AVX2
+    // (the cap here) the Q4_K weights (some layers' down projections) are interleaved by eight
+    // rows, and decode runs on that layout
+    let q4k = cpu_kernels::interleaved() - interleaved;
     assert!(
-        cpu_kernels::repacked() - repacked >= QWEN_LAYERS * 4,
+        cpu_kernels::repacked() - repacked - q4k >= QWEN_LAYERS * 4,
         "{} Q5_0 weights rewritten",
-        cpu_kernels::repacked() - repacked
+        cpu_kernels::repacked() - repacked - q4k
     );
+    if docent_kernels::cpu::isa() >= docent_kernels::Isa::Avx2 {
+        assert!(q4k > 0, "no Q4_K weight interleaved");
+    }
+    eprintln!("Q4_K weights interleaved: {q4k}");
     let mut fixture = if bless {
         let text = std::fs::read_to_string(
             shared().join("data/corpus/rust-book/src/ch04-01-what-is-ownership.md"),

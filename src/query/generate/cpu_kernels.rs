@@ -14,7 +14,9 @@ static MATMULS: AtomicU64 = AtomicU64::new(0);
 static ATTENTIONS: AtomicU64 = AtomicU64::new(0);
 static ATTENTIONS_F16: AtomicU64 = AtomicU64::new(0);
 static REPACKED: AtomicU64 = AtomicU64::new(0);
-/// `generation.repack`: Q5_0 weights are rewritten as Q8_0 when a model loads.
+static INTERLEAVED: AtomicU64 = AtomicU64::new(0);
+/// `generation.repack`: Q5_0 weights are rewritten as Q8_0 and Q4_K weights interleaved by
+/// eight rows when a model loads.
 static REPACK: AtomicBool = AtomicBool::new(true);
 
 /// Calls docent's kernels answered so far in this process: (matmuls, attentions).
@@ -35,10 +37,15 @@ pub fn repacked() -> u64 {
     REPACKED.load(Ordering::Relaxed)
 }
 
+/// Of [`repacked`]'s tensors, the Q4_K ones interleaved by eight rows.
+pub fn interleaved() -> u64 {
+    INTERLEAVED.load(Ordering::Relaxed)
+}
+
 /// Registers the hooks (once) and turns them on or off for the models loaded from now on;
 /// `isa` (`generation.isa`) caps the instruction set, for the process; `repack`
-/// (`generation.repack`) rewrites Q5_0 weights as Q8_0 at load, for the models loaded from
-/// now on (lossless: see [`docent_kernels::quant::q5_0_as_q8_0`]).
+/// (`generation.repack`) rewrites Q5_0 weights as Q8_0 and interleaves Q4_K weights at load,
+/// for the models loaded from now on (lossless: see [`repack_weight`]).
 pub fn install(enabled: bool, isa: &str, repack: bool) {
     static REGISTER: Once = Once::new();
     cpu_hooks::set_enabled(enabled);
@@ -95,17 +102,34 @@ fn matmul(w: &cpu_hooks::WeightView<'_>, x: &[f32], m: usize) -> Option<Vec<f32>
     out
 }
 
-/// Q5_0 → Q8_0 when `generation.repack` is on: the same values without the fifth bit to
-/// unpack; prefill then runs on the Q8_0 tile (decode reads 34 bytes per 32 weights instead
-/// of 22, measured no slower: docs/benchmarks.md, "Qwen2.5-Coder on docent's engine").
+/// The load-time rewrites, when `generation.repack` is on:
+/// - Q5_0 → Q8_0: the same values without the fifth bit to unpack; prefill then runs on the
+///   Q8_0 tile (decode reads 34 bytes per 32 weights instead of 22, measured no slower:
+///   docs/benchmarks.md, "Qwen2.5-Coder on docent's engine");
+/// - Q4_K → eight rows interleaved ([`docent_kernels::q4k_x8`]), on x86-64 with AVX2 (the
+///   only processors with a gemv for that layout): decode reads eight rows' blocks as one,
+///   same bytes and values; other steps unpack the rows they use.
 fn repack_weight(w: &cpu_hooks::WeightView<'_>) -> Option<(u32, Vec<u8>)> {
-    let q5_0 = docent_kernels::quant::Format::Q5_0;
-    if !REPACK.load(Ordering::Relaxed) || w.ggml_type != q5_0.ggml_id() {
+    use docent_kernels::quant::Format;
+    if !REPACK.load(Ordering::Relaxed) {
         return None;
     }
-    let out = docent_kernels::quant::q5_0_as_q8_0(w.data)?;
+    let out = if w.ggml_type == Format::Q5_0.ggml_id() {
+        (
+            Format::Q8_0.ggml_id(),
+            docent_kernels::quant::q5_0_as_q8_0(w.data)?,
+        )
+    } else if w.ggml_type == Format::Q4K.ggml_id()
+        && docent_kernels::cpu::isa() >= docent_kernels::Isa::Avx2
+    {
+        let out = docent_kernels::q4k_x8::interleave(w.rows, w.cols, w.data)?;
+        INTERLEAVED.fetch_add(1, Ordering::Relaxed);
+        (docent_kernels::q4k_x8::ID, out)
+    } else {
+        return None;
+    };
     REPACKED.fetch_add(1, Ordering::Relaxed);
-    Some((docent_kernels::quant::Format::Q8_0.ggml_id(), out))
+    Some(out)
 }
 
 fn attention(a: &cpu_hooks::AttentionArgs<'_>) -> Option<Vec<f32>> {

@@ -52,7 +52,8 @@ pub struct Options {
     /// `generation.prefill_chunk_tokens` for the speed cells (the chunked-prefill rows set
     /// their own).
     pub prefill_chunk: usize,
-    /// `generation.repack`: Q5_0 weights rewritten as Q8_0 at load.
+    /// `generation.repack`: Q5_0 weights rewritten as Q8_0 and Q4_K weights interleaved at
+    /// load.
     pub repack: bool,
     /// A `llama-server` binary: the concurrency table's `rag` rows run on it too, with a
     /// slot per client, on the same file and the same prompts (scripts/llama-server-build.sh).
@@ -364,7 +365,14 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
             format!(
                 "docent ({}{})",
                 docent_kernels::cpu::isa().name(),
-                if opts.repack { ", Q5_0 as Q8_0" } else { "" }
+                match (
+                    opts.repack,
+                    docent_kernels::cpu::isa() >= docent_kernels::Isa::Avx2
+                ) {
+                    (true, true) => ", Q5_0 as Q8_0, Q4_K interleaved",
+                    (true, false) => ", Q5_0 as Q8_0",
+                    (false, _) => "",
+                }
             )
         } else {
             opts.kernels.clone()

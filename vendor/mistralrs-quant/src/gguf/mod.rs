@@ -27,6 +27,12 @@ use crate::{
 /// docent: runs the registered CPU matmul (crate::cpu_hooks) when there is one and it takes
 /// this weight; `None` leaves the work to candle.
 pub(crate) fn cpu_hooks_forward(w: &QMatMul, a: &Tensor) -> Result<Option<Tensor>> {
+    cpu_hooks_forward_as(w, 0, a)
+}
+
+/// docent: [`cpu_hooks_forward`] for a weight whose bytes are in `layout` (a layout id the
+/// repack hook gave; 0: the tensor's own GGML type).
+fn cpu_hooks_forward_as(w: &QMatMul, layout: u32, a: &Tensor) -> Result<Option<Tensor>> {
     let Some(hook) = crate::cpu_hooks::matmul() else {
         return Ok(None);
     };
@@ -53,7 +59,11 @@ pub(crate) fn cpu_hooks_forward(w: &QMatMul, a: &Tensor) -> Result<Option<Tensor
             }
             let data = q.data()?;
             let view = crate::cpu_hooks::WeightView {
-                ggml_type: ggml_type_id(q.dtype()),
+                ggml_type: if layout != 0 {
+                    layout
+                } else {
+                    ggml_type_id(q.dtype())
+                },
                 rows,
                 cols,
                 data: &data,
@@ -97,16 +107,16 @@ pub(crate) fn cpu_hooks_forward(w: &QMatMul, a: &Tensor) -> Result<Option<Tensor
 }
 
 /// docent: the weight as the registered repack hook rewrites it (crate::cpu_hooks), else as
-/// it is.
-fn repacked(q: Arc<QTensor>) -> Result<Arc<QTensor>> {
+/// it is; with the layout id its bytes are in (0: its GGML type's own).
+fn repacked(q: Arc<QTensor>) -> Result<(Arc<QTensor>, u32)> {
     let Some(hook) = crate::cpu_hooks::repack() else {
-        return Ok(q);
+        return Ok((q, 0));
     };
     if !q.device().is_cpu() {
-        return Ok(q);
+        return Ok((q, 0));
     }
     let Ok((rows, cols)) = q.shape().dims2() else {
-        return Ok(q);
+        return Ok((q, 0));
     };
     let data = q.data()?;
     let view = crate::cpu_hooks::WeightView {
@@ -116,18 +126,26 @@ fn repacked(q: Arc<QTensor>) -> Result<Arc<QTensor>> {
         data: &data,
     };
     let Some((id, bytes)) = hook(&view) else {
-        return Ok(q);
+        return Ok((q, 0));
     };
-    let dtype = match id {
-        8 => GgmlDType::Q8_0,
+    // a GGML type, or a layout of the hook's own (ids above 0xFFFF) in the same number of
+    // bytes, kept in a tensor of the original type that only the matmul hook reads
+    let (dtype, layout) = match id {
+        8 => (GgmlDType::Q8_0, 0),
+        id if id > 0xFFFF && bytes.len() == data.len() => (q.dtype(), id),
         _ => candle_core::bail!("repack hook returned unsupported ggml type {id}"),
     };
-    Ok(Arc::new(qtensor_from_ggml(
-        dtype,
-        &bytes,
-        vec![rows, cols],
-        &Device::Cpu,
-    )?))
+    let q = qtensor_from_ggml(dtype, &bytes, vec![rows, cols], &Device::Cpu)?;
+    Ok((Arc::new(q), layout))
+}
+
+/// docent: the error for a weight in a repack hook's layout on a path other than the matmul
+/// hook.
+fn repacked_layout_error(what: &str) -> candle_core::Error {
+    candle_core::Error::Msg(format!(
+        "{what}: this weight was rewritten at load for the registered CPU matmul, which \
+         declined it (load the model with the weight rewrite off)"
+    ))
 }
 
 fn ggml_type_id(t: GgmlDType) -> u32 {
@@ -156,6 +174,8 @@ fn ggml_type_id(t: GgmlDType) -> u32 {
 pub struct GgufMatMul {
     pub(crate) w: QMatMul,
     pub(crate) b: Option<Tensor>,
+    /// docent: the repack hook's layout of `w`'s bytes (0: `w`'s GGML type, as in the file).
+    pub(crate) layout: u32,
 }
 
 impl QuantMethod for GgufMatMul {
@@ -166,7 +186,7 @@ impl QuantMethod for GgufMatMul {
         match method {
             QuantMethodConfig::Gguf { q_weight, b } => {
                 // docent: the registered rewrite of the weight's layout, if any
-                let q_weight = repacked(q_weight)?;
+                let (q_weight, layout) = repacked(q_weight)?;
                 // docent: with CPU kernels registered, F16 weights stay F16 (candle would
                 // widen them to F32); see crate::cpu_hooks.
                 let keep_f16 = q_weight.dtype() == GgmlDType::F16
@@ -177,7 +197,7 @@ impl QuantMethod for GgufMatMul {
                 } else {
                     QMatMul::from_arc(q_weight)?
                 };
-                Ok(Self { w, b })
+                Ok(Self { w, b, layout })
             }
             QuantMethodConfig::GptqAwq { .. }
             | QuantMethodConfig::Unquantized(_)
@@ -193,12 +213,16 @@ impl QuantMethod for GgufMatMul {
     }
 
     fn dequantize_w(&self) -> Result<Tensor> {
+        if self.layout != 0 {
+            return Err(repacked_layout_error("dequantize"));
+        }
         self.w.dequantize_f16()?.to_dtype(DType::F32)
     }
 
     fn forward(&self, a: &Tensor) -> Result<Tensor> {
-        let x = match cpu_hooks_forward(&self.w, a)? {
+        let x = match cpu_hooks_forward_as(&self.w, self.layout, a)? {
             Some(x) => x,
+            None if self.layout != 0 => return Err(repacked_layout_error("matmul")),
             None => self.w.forward(a)?,
         };
         if let Some(ref b) = self.b {
@@ -237,30 +261,42 @@ impl QuantMethod for GgufMatMul {
     }
 
     fn add_delta_w(&self, delta: &Tensor) -> Result<Arc<dyn QuantMethod>> {
+        if self.layout != 0 {
+            return Err(repacked_layout_error("add_delta_w"));
+        }
         match self {
             Self {
                 w: QMatMul::Tensor(w),
                 b,
+                ..
             } => Ok(Arc::new(Self {
                 w: QMatMul::Tensor((w + delta)?),
                 b: b.clone(),
+                layout: 0,
             })),
             Self {
                 w: QMatMul::TensorF16(w),
                 b,
+                ..
             } => Ok(Arc::new(Self {
                 w: QMatMul::TensorF16((w + delta)?),
                 b: b.clone(),
+                layout: 0,
             })),
             Self {
                 w: QMatMul::QTensor(w),
                 b,
+                ..
             } => {
                 let (w, dtype) = (w.dequantize(&w.device())?, w.dtype());
                 let w = QMatMul::QTensor(std::sync::Arc::new(
                     candle_core::quantized::QTensor::quantize(&(w + delta)?, dtype)?,
                 ));
-                Ok(Arc::new(Self { w, b: b.clone() }))
+                Ok(Arc::new(Self {
+                    w,
+                    b: b.clone(),
+                    layout: 0,
+                }))
             }
         }
     }
@@ -280,6 +316,9 @@ impl QuantMethod for GgufMatMul {
         imatrix_weight: Option<Vec<f32>>,
         guard: QuantizeOntoGuard,
     ) -> Result<Arc<dyn QuantMethod>> {
+        if self.layout != 0 {
+            return Err(repacked_layout_error("apply_isq"));
+        }
         if let Some(dtype) = dtype {
             // F8Q8 is not a GgmlDType, so intercept before try_into()
             if dtype == IsqType::F8Q8 {
@@ -322,7 +361,7 @@ impl QuantMethod for GgufMatMul {
             } else {
                 None
             };
-            Ok(Arc::new(GgufMatMul { w, b }))
+            Ok(Arc::new(GgufMatMul { w, b, layout: 0 }))
         }
     }
 }
@@ -364,6 +403,9 @@ impl QuantizedSerde for GgufMatMul {
         self.serialize_with_bias(self.b.clone())
     }
     fn serialize_with_bias(&self, bias: Option<Tensor>) -> Result<Cow<'_, [u8]>> {
+        if self.layout != 0 {
+            return Err(repacked_layout_error("serialize"));
+        }
         let mut buffer = match &self.w {
             QMatMul::QTensor(qw) => {
                 let w = qw.data()?.to_vec();
@@ -496,6 +538,7 @@ impl QuantizedSerde for GgufMatMul {
         Ok(Arc::new(Self {
             w: QMatMul::QTensor(w.into()),
             b,
+            layout: 0,
         }))
     }
     fn deserialize_ext_bias(
@@ -567,6 +610,7 @@ impl QuantizedSerde for GgufMatMul {
             Arc::new(Self {
                 w: QMatMul::QTensor(w.into()),
                 b: None,
+                layout: 0,
             }),
             b,
         ))

@@ -1,0 +1,299 @@
+//! Q4_K with eight weight rows interleaved: a layout for decode.
+//!
+//! A decode step multiplies one activation row by every weight row, so its cost per weight is
+//! what one block of one row costs: in GGUF's row layout each Q4_K block carries its own
+//! packed six-bit scales and mins, unpacked one row at a time, and each 32-element product
+//! ends in a multiply by that row's scale. Here the blocks of eight consecutive rows sit
+//! together (idea from ggml's `block_q4_Kx8`; the byte layout below is docent's own), so one
+//! register holds four bytes of each of the eight rows, an activation load serves eight rows,
+//! the products of a sub-block add up in 16 bits, and the scales, mins and block scales of
+//! eight rows are vectors with one row per 32-bit lane. The output of eight rows is one
+//! register, stored once.
+//!
+//! The layout is lossless and the same size as the rows it replaces (1,152 bytes per eight
+//! 256-element blocks), so a model's tensor keeps its shape and byte count; only docent's
+//! kernels can read it ([`ID`] tells them). [`deinterleave`] gives the GGUF rows back, byte
+//! for byte: prefill and draft steps, which reuse each weight for many activation rows,
+//! unpack a task's rows into cache-sized scratch and run the row kernels.
+//!
+//! One 1,152-byte group (rows `8g..8g + 8`, 256-block `b`):
+//! - `0..16`: the eight rows' `d` (f16), `16..32`: their `dmin` (f16);
+//! - `32..128`: the 128 six-bit values `U` (per pair `p` of sub-blocks `2p, 2p + 1`: 16
+//!   scales as `[row][sub-block]`, then 16 mins the same way), packed as 64 bytes of low
+//!   nibbles (`U[i]` and `U[i + 64]`) and 32 bytes of high bit pairs (`U[i]`, `U[i + 32]`,
+//!   `U[i + 64]`, `U[i + 96]`): one 32-byte register of `U` per pair after a few shifts;
+//! - `128..1152`: the nibbles, `256p + 32k + 4r + t` ← byte `32p + 4k + t` of row `r`'s block
+//!   (its low nibble is element `64p + 4k + t`, its high nibble element `64p + 32 + 4k + t`).
+
+use crate::quant::{q4k_scale_min, Format};
+
+/// The layout's id where a GGML type id is expected (not a GGML type: no other code reads it).
+pub const ID: u32 = 0x0001_000C;
+/// Rows per group.
+pub const ROWS: usize = 8;
+/// Bytes of one group's 256-block (eight Q4_K blocks).
+pub const GROUP_BLOCK_BYTES: usize = ROWS * 144;
+
+/// Whether a Q4_K matrix of this shape can be interleaved.
+pub fn fits(rows: usize, cols: usize, bytes: usize) -> bool {
+    rows > 0
+        && rows.is_multiple_of(ROWS)
+        && cols.is_multiple_of(256)
+        && Format::Q4K
+            .row_bytes(cols)
+            .is_some_and(|rb| rb * rows == bytes)
+}
+
+/// GGUF Q4_K rows → the interleaved layout. `None` when the shape does not [`fits`].
+pub fn interleave(rows: usize, cols: usize, data: &[u8]) -> Option<Vec<u8>> {
+    if !fits(rows, cols, data.len()) {
+        return None;
+    }
+    let nb = cols / 256;
+    let rb = nb * 144;
+    let mut out = vec![0u8; data.len()];
+    for g in 0..rows / ROWS {
+        for b in 0..nb {
+            let dst = &mut out[(g * nb + b) * GROUP_BLOCK_BYTES..][..GROUP_BLOCK_BYTES];
+            let mut u = [0u8; 128];
+            for r in 0..ROWS {
+                let blk = &data[(ROWS * g + r) * rb + b * 144..][..144];
+                dst[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
+                dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&blk[2..4]);
+                for j in 0..8 {
+                    let (s, m) = q4k_scale_min(j, &blk[4..16]);
+                    let (p, h) = (j / 2, j % 2);
+                    u[32 * p + 2 * r + h] = s;
+                    u[32 * p + 16 + 2 * r + h] = m;
+                }
+                for p in 0..4 {
+                    for k in 0..8 {
+                        let from = 16 + 32 * p + 4 * k;
+                        let to = 128 + 256 * p + 32 * k + 4 * r;
+                        dst[to..to + 4].copy_from_slice(&blk[from..from + 4]);
+                    }
+                }
+            }
+            for i in 0..64 {
+                dst[32 + i] = (u[i] & 15) | ((u[i + 64] & 15) << 4);
+            }
+            for i in 0..32 {
+                dst[96 + i] = (u[i] >> 4)
+                    | ((u[i + 32] >> 4) << 2)
+                    | ((u[i + 64] >> 4) << 4)
+                    | ((u[i + 96] >> 4) << 6);
+            }
+        }
+    }
+    Some(out)
+}
+
+/// The 128 six-bit values of a group's block (see the module's layout).
+fn unpacked(dst: &[u8]) -> [u8; 128] {
+    let mut u = [0u8; 128];
+    for i in 0..64 {
+        let (l, h) = (dst[32 + i], dst[96 + i % 32]);
+        let shift = if i < 32 { 0 } else { 2 };
+        u[i] = (l & 15) | (((h >> shift) & 3) << 4);
+        u[i + 64] = (l >> 4) | (((h >> (shift + 4)) & 3) << 4);
+    }
+    u
+}
+
+/// Groups `g0..g1` of an interleaved matrix (`cols` wide) back to GGUF Q4_K rows
+/// `8·g0..8·g1`, written into `out` (resized), byte for byte what [`interleave`] read.
+pub fn deinterleave(data: &[u8], cols: usize, g0: usize, g1: usize, out: &mut Vec<u8>) {
+    let nb = cols / 256;
+    let rb = nb * 144;
+    out.clear();
+    out.resize((g1 - g0) * ROWS * rb, 0);
+    for g in g0..g1 {
+        for b in 0..nb {
+            let src = &data[(g * nb + b) * GROUP_BLOCK_BYTES..][..GROUP_BLOCK_BYTES];
+            let u = unpacked(src);
+            for r in 0..ROWS {
+                let blk = &mut out[((g - g0) * ROWS + r) * rb + b * 144..][..144];
+                blk[0..2].copy_from_slice(&src[2 * r..2 * r + 2]);
+                blk[2..4].copy_from_slice(&src[16 + 2 * r..16 + 2 * r + 2]);
+                let (mut s, mut m) = ([0u8; 8], [0u8; 8]);
+                for j in 0..8 {
+                    let (p, h) = (j / 2, j % 2);
+                    s[j] = u[32 * p + 2 * r + h];
+                    m[j] = u[32 * p + 16 + 2 * r + h];
+                }
+                let q = &mut blk[4..16];
+                for j in 0..4 {
+                    q[j] = (s[j] & 63) | ((s[j + 4] >> 4) << 6);
+                    q[j + 4] = (m[j] & 63) | ((m[j + 4] >> 4) << 6);
+                    q[j + 8] = (s[j + 4] & 15) | ((m[j + 4] & 15) << 4);
+                }
+                for p in 0..4 {
+                    for k in 0..8 {
+                        let from = 128 + 256 * p + 32 * k + 4 * r;
+                        let to = 16 + 32 * p + 4 * k;
+                        blk[to..to + 4].copy_from_slice(&src[from..from + 4]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{GROUP_BLOCK_BYTES, ROWS};
+
+    /// One activation row (Q8_K: `qs`, a scale `d` per 256-block, 16 `bsums` per block)
+    /// against the groups in `w` (`out.len() / 8` of them, `cols` wide): `out[8i + r]` is row
+    /// `r` of group `i`.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be present; `w` holds `out.len() / 8` groups of `cols / 256`
+    /// blocks, the activations `cols` values (`cols / 256` scales, `cols / 16` bsums).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn gemv(
+        w: &[u8],
+        cols: usize,
+        qs: &[i8],
+        d: &[f32],
+        bsums: &[i16],
+        out: &mut [f32],
+    ) {
+        let nb = cols / 256;
+        let groups = out.len() / ROWS;
+        debug_assert!(w.len() >= groups * nb * GROUP_BLOCK_BYTES);
+        debug_assert!(qs.len() >= cols && d.len() >= nb && bsums.len() >= 16 * nb);
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m30 = _mm256_set1_epi8(0x30);
+        for g in 0..groups {
+            let mut acc = _mm256_setzero_ps();
+            let mut accm = _mm256_setzero_ps();
+            for b in 0..nb {
+                let blk = w.as_ptr().add((g * nb + b) * GROUP_BLOCK_BYTES);
+                let a = qs.as_ptr().add(256 * b);
+                // the activations' sub-block sums, as four pairs (one per 32-bit lane)
+                let bs = bsums.as_ptr().add(16 * b);
+                let sub = _mm_hadd_epi16(
+                    _mm_loadu_si128(bs as *const __m128i),
+                    _mm_loadu_si128(bs.add(8) as *const __m128i),
+                );
+                // the six-bit scales and mins: U[32p..32p + 32] for pair p
+                let l0 = _mm256_loadu_si256(blk.add(32) as *const __m256i);
+                let l1 = _mm256_loadu_si256(blk.add(64) as *const __m256i);
+                let h = _mm256_loadu_si256(blk.add(96) as *const __m256i);
+                let u = [
+                    _mm256_or_si256(
+                        _mm256_and_si256(l0, m4),
+                        _mm256_and_si256(_mm256_slli_epi16(h, 4), m30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(l1, m4),
+                        _mm256_and_si256(_mm256_slli_epi16(h, 2), m30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                        _mm256_and_si256(h, m30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                        _mm256_and_si256(_mm256_srli_epi16(h, 2), m30),
+                    ),
+                ];
+                let pairs = [
+                    _mm256_set1_epi32(_mm_extract_epi32(sub, 0)),
+                    _mm256_set1_epi32(_mm_extract_epi32(sub, 1)),
+                    _mm256_set1_epi32(_mm_extract_epi32(sub, 2)),
+                    _mm256_set1_epi32(_mm_extract_epi32(sub, 3)),
+                ];
+                let mut sumi = _mm256_setzero_si256();
+                let mut summ = _mm256_setzero_si256();
+                for (p, (&up, &pair)) in u.iter().zip(&pairs).enumerate() {
+                    // per row (32-bit lane): (scale 2p, scale 2p + 1) and the mins alike
+                    let sc = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(up));
+                    let mn = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(up, 1));
+                    let sc_lo = _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(sc, 0xA0), 0xA0);
+                    let sc_hi = _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(sc, 0xF5), 0xF5);
+                    summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mn, pair));
+                    let q = blk.add(128 + 256 * p);
+                    let ap = a.add(64 * p);
+                    let mut sl = _mm256_setzero_si256();
+                    let mut sh = _mm256_setzero_si256();
+                    for k in 0..8 {
+                        let v = _mm256_loadu_si256(q.add(32 * k) as *const __m256i);
+                        let lo = _mm256_and_si256(v, m4);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                        let al = _mm256_set1_epi32((ap.add(4 * k) as *const i32).read_unaligned());
+                        let ah =
+                            _mm256_set1_epi32((ap.add(32 + 4 * k) as *const i32).read_unaligned());
+                        // 16 products of ≤ 15 · 127 per 16-bit lane: no overflow
+                        sl = _mm256_add_epi16(sl, _mm256_maddubs_epi16(lo, al));
+                        sh = _mm256_add_epi16(sh, _mm256_maddubs_epi16(hi, ah));
+                    }
+                    sumi = _mm256_add_epi32(
+                        sumi,
+                        _mm256_add_epi32(
+                            _mm256_madd_epi16(sl, sc_lo),
+                            _mm256_madd_epi16(sh, sc_hi),
+                        ),
+                    );
+                }
+                let dy = _mm256_set1_ps(*d.get_unchecked(b));
+                let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
+                let dmin = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i));
+                acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(sumi), acc);
+                accm = _mm256_fmadd_ps(_mm256_mul_ps(dmin, dy), _mm256_cvtepi32_ps(summ), accm);
+            }
+            _mm256_storeu_ps(out.as_mut_ptr().add(ROWS * g), _mm256_sub_ps(acc, accm));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn random_q4k(rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
+        let mut next = || {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            *seed
+        };
+        let n = rows * cols / 256 * 144;
+        let mut data: Vec<u8> = (0..n).map(|_| next() as u8).collect();
+        // sane block scales (random f16 bits can be NaN or huge)
+        for blk in data.chunks_exact_mut(144) {
+            let d = half::f16::from_f32((next() % 1000) as f32 * 1e-5);
+            let dmin = half::f16::from_f32((next() % 1000) as f32 * 1e-5);
+            blk[0..2].copy_from_slice(&d.to_le_bytes());
+            blk[2..4].copy_from_slice(&dmin.to_le_bytes());
+        }
+        data
+    }
+
+    #[test]
+    fn interleaving_round_trips_byte_for_byte() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15;
+        let (rows, cols) = (24, 512);
+        let data = random_q4k(rows, cols, &mut seed);
+        let x = interleave(rows, cols, &data).expect("fits");
+        assert_eq!(x.len(), data.len());
+        assert_ne!(x, data, "the layout moves bytes");
+        let mut back = Vec::new();
+        deinterleave(&x, cols, 0, rows / ROWS, &mut back);
+        assert_eq!(back, data);
+        // a range of groups gives those rows
+        deinterleave(&x, cols, 1, 3, &mut back);
+        let rb = cols / 256 * 144;
+        assert_eq!(back, data[8 * rb..24 * rb]);
+    }
+
+    #[test]
+    fn shapes_that_do_not_fit_are_declined() {
+        assert!(interleave(12, 256, &[0u8; 12 * 144]).is_none());
+        assert!(interleave(8, 256, &[0u8; 7 * 144]).is_none());
+        assert!(interleave(8, 300, &[0u8; 8 * 144]).is_none());
+    }
+}
