@@ -102,7 +102,8 @@ struct Scratch {
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
-    /// A task's interleaved Q4_K rows unpacked to GGUF rows (for steps of several rows).
+    /// A task's interleaved Q4_K rows unpacked to GGUF rows (below AVX2: no kernel for the
+    /// layout).
     static UNPACKED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -168,8 +169,8 @@ impl Out {
 /// `x · Wᵀ` with an explicit instruction set (capped at what the processor has).
 pub fn matmul_with(isa: Isa, w: &WeightView<'_>, x: &[f32], m: usize) -> Option<Vec<f32>> {
     let isa = isa.min(crate::cpu::detect());
-    // Q4_K with eight rows interleaved (a layout for decode): gemv on the layout itself, any
-    // other step on the GGUF rows unpacked per task
+    // Q4_K with eight rows interleaved: its own kernel where there is one, else the GGUF
+    // rows unpacked per task
     let interleaved = w.ggml_type == q4k_x8::ID;
     let format = if interleaved {
         Format::Q4K
@@ -292,7 +293,7 @@ pub fn matmul_with(isa: Isa, w: &WeightView<'_>, x: &[f32], m: usize) -> Option<
                 // from memory once and stay in L1 while up to ACT_TILE activation rows pass
                 // by (as fast as the row layout's prefill tile, measured: no unpacking)
                 #[cfg(target_arch = "x86_64")]
-                if isa >= Isa::Avx2 {
+                if q4k_x8::has_kernel(isa) {
                     const ACT_TILE: usize = 16;
                     let group = q4k_x8::ROWS * rb;
                     for i0 in (0..m).step_by(ACT_TILE) {
@@ -2394,7 +2395,7 @@ mod tests {
                 for isa in Isa::available() {
                     let want = matmul_with(isa, &plain, &x, m).expect("rows");
                     let got = matmul_with(isa, &inter, &x, m).expect("interleaved");
-                    if isa < Isa::Avx2 {
+                    if !q4k_x8::has_kernel(isa) {
                         assert_eq!(got, want, "{isa:?} rows {rows} cols {cols} m {m}");
                         continue;
                     }

@@ -25,6 +25,7 @@
 //! - `128..1152`: the nibbles, `256p + 32k + 4r + t` ← byte `32p + 4k + t` of row `r`'s block
 //!   (its low nibble is element `64p + 4k + t`, its high nibble element `64p + 32 + 4k + t`).
 
+use crate::cpu::Isa;
 use crate::quant::{q4k_scale_min, Format};
 
 /// The layout's id where a GGML type id is expected (not a GGML type: no other code reads it).
@@ -33,6 +34,12 @@ pub const ID: u32 = 0x0001_000C;
 pub const ROWS: usize = 8;
 /// Bytes of one group's 256-block (eight Q4_K blocks).
 pub const GROUP_BLOCK_BYTES: usize = ROWS * 144;
+
+/// Whether this instruction set has the layout's kernel ([`avx2::gemv`]); below it the
+/// matmul unpacks the rows again, so the layout only pays where this holds.
+pub fn has_kernel(isa: Isa) -> bool {
+    cfg!(target_arch = "x86_64") && isa >= Isa::Avx2
+}
 
 /// Whether a Q4_K matrix of this shape can be interleaved.
 pub fn fits(rows: usize, cols: usize, bytes: usize) -> bool {
@@ -253,31 +260,15 @@ pub(crate) mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn random_q4k(rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
-        let mut next = || {
-            *seed ^= *seed << 13;
-            *seed ^= *seed >> 7;
-            *seed ^= *seed << 17;
-            *seed
-        };
-        let n = rows * cols / 256 * 144;
-        let mut data: Vec<u8> = (0..n).map(|_| next() as u8).collect();
-        // sane block scales (random f16 bits can be NaN or huge)
-        for blk in data.chunks_exact_mut(144) {
-            let d = half::f16::from_f32((next() % 1000) as f32 * 1e-5);
-            let dmin = half::f16::from_f32((next() % 1000) as f32 * 1e-5);
-            blk[0..2].copy_from_slice(&d.to_le_bytes());
-            blk[2..4].copy_from_slice(&dmin.to_le_bytes());
-        }
-        data
-    }
+    use crate::quant::testutil::{random_row, Rng};
 
     #[test]
     fn interleaving_round_trips_byte_for_byte() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15;
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         let (rows, cols) = (24, 512);
-        let data = random_q4k(rows, cols, &mut seed);
+        let data: Vec<u8> = (0..rows)
+            .flat_map(|_| random_row(&mut rng, Format::Q4K, cols))
+            .collect();
         let x = interleave(rows, cols, &data).expect("fits");
         assert_eq!(x.len(), data.len());
         assert_ne!(x, data, "the layout moves bytes");

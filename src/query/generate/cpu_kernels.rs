@@ -106,9 +106,9 @@ fn matmul(w: &cpu_hooks::WeightView<'_>, x: &[f32], m: usize) -> Option<Vec<f32>
 /// - Q5_0 → Q8_0: the same values without the fifth bit to unpack; prefill then runs on the
 ///   Q8_0 tile (decode reads 34 bytes per 32 weights instead of 22, measured no slower:
 ///   docs/benchmarks.md, "Qwen2.5-Coder on docent's engine");
-/// - Q4_K → eight rows interleaved ([`docent_kernels::q4k_x8`]), on x86-64 with AVX2 (the
-///   only processors with a gemv for that layout): decode reads eight rows' blocks as one,
-///   same bytes and values; other steps unpack the rows they use.
+/// - Q4_K → eight rows interleaved ([`docent_kernels::q4k_x8`]), where the processor runs
+///   that layout's kernel (x86-64 with AVX2): the same bytes rearranged, read eight rows at
+///   once by every matmul.
 fn repack_weight(w: &cpu_hooks::WeightView<'_>) -> Option<(u32, Vec<u8>)> {
     use docent_kernels::quant::Format;
     if !REPACK.load(Ordering::Relaxed) {
@@ -120,7 +120,7 @@ fn repack_weight(w: &cpu_hooks::WeightView<'_>) -> Option<(u32, Vec<u8>)> {
             docent_kernels::quant::q5_0_as_q8_0(w.data)?,
         )
     } else if w.ggml_type == Format::Q4K.ggml_id()
-        && docent_kernels::cpu::isa() >= docent_kernels::Isa::Avx2
+        && docent_kernels::q4k_x8::has_kernel(docent_kernels::cpu::isa())
     {
         let out = docent_kernels::q4k_x8::interleave(w.rows, w.cols, w.data)?;
         INTERLEAVED.fetch_add(1, Ordering::Relaxed);

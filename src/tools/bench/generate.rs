@@ -367,7 +367,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
                 docent_kernels::cpu::isa().name(),
                 match (
                     opts.repack,
-                    docent_kernels::cpu::isa() >= docent_kernels::Isa::Avx2
+                    docent_kernels::q4k_x8::has_kernel(docent_kernels::cpu::isa())
                 ) {
                     (true, true) => ", Q5_0 as Q8_0, Q4_K interleaved",
                     (true, false) => ", Q5_0 as Q8_0",
