@@ -293,6 +293,33 @@ pub fn matmul_with(isa: Isa, w: &WeightView<'_>, x: &[f32], m: usize) -> Option<
                 // from memory once and stay in L1 while up to ACT_TILE activation rows pass
                 // by (as fast as the row layout's prefill tile, measured: no unpacking)
                 #[cfg(target_arch = "x86_64")]
+                if isa >= Isa::Avx512 && q4k_x8::avx512::available() {
+                    // VNNI: each group's nibbles unpacked once per tile of activation rows
+                    let group = q4k_x8::ROWS * rb;
+                    for i0 in (0..m).step_by(q4k_x8::avx512::TILE) {
+                        let i1 = (i0 + q4k_x8::avx512::TILE).min(m);
+                        let acts: Vec<q4k_x8::avx512::Q8k<'_>> =
+                            (i0..i1).map(|i| act(i).q8k()).collect();
+                        for j in (j0..j1).step_by(q4k_x8::ROWS) {
+                            // SAFETY: the processor has AVX-512 F/BW/VL/VNNI, AVX2, FMA and
+                            // F16C (`available`); rows j..j + 8 are a whole group inside the
+                            // weights (`fits`, per_task a multiple of 8), the activations
+                            // hold `cols` values, and columns j..j + 8 of output rows
+                            // i0..i1 are this task's alone.
+                            unsafe {
+                                q4k_x8::avx512::gemm(
+                                    &w.data[j * rb..j * rb + group],
+                                    cols,
+                                    &acts,
+                                    out_ptr.at(i0 * rows + j),
+                                    rows,
+                                );
+                            }
+                        }
+                    }
+                    return;
+                }
+                #[cfg(target_arch = "x86_64")]
                 if q4k_x8::has_kernel(isa) {
                     const ACT_TILE: usize = 16;
                     let group = q4k_x8::ROWS * rb;

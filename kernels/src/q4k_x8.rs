@@ -257,6 +257,180 @@ pub(crate) mod avx2 {
     }
 }
 
+/// With AVX-512 VNNI: one group against several activation rows at once. A pair of
+/// sub-blocks' nibbles is unpacked into sixteen registers once and serves every activation
+/// row of the tile (the AVX2 [`avx2::gemv`] unpacks them again for each row), and `vpdpbusd`
+/// adds four products per 32-bit lane, so a lane holds its row's whole sub-block sum with no
+/// 16-bit stage.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512 {
+    use std::arch::x86_64::*;
+    use std::sync::OnceLock;
+
+    use super::GROUP_BLOCK_BYTES;
+
+    /// Most activation rows per call.
+    pub(crate) const TILE: usize = 16;
+
+    /// Whether the processor has the instructions [`gemm`] needs.
+    pub(crate) fn available() -> bool {
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("avx512vnni")
+                && std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
+        })
+    }
+
+    /// One activation row in Q8_K: `qs`, a scale per 256-block, 16 `bsums` per block.
+    pub(crate) type Q8k<'a> = (&'a [i8], &'a [f32], &'a [i16]);
+
+    /// The group `w` (`cols / 256` blocks of eight rows) against `acts` (at most [`TILE`]):
+    /// the eight results of activation row `i` go to `out[i * stride..i * stride + 8]`.
+    ///
+    /// # Safety
+    /// [`available`] holds; `w` holds one group of `cols / 256` blocks; each activation
+    /// holds `cols` values; `out` is valid for writes at every `i * stride + r`
+    /// (`i < acts.len()`, `r < 8`), which nothing else reads or writes meanwhile.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(crate) unsafe fn gemm(
+        w: &[u8],
+        cols: usize,
+        acts: &[Q8k<'_>],
+        out: *mut f32,
+        stride: usize,
+    ) {
+        debug_assert!(acts.len() <= TILE);
+        // pieces of 8, 4, 2 and 1 rows, each with its accumulators in registers
+        let mut i = 0;
+        while i < acts.len() {
+            let o = out.add(i * stride);
+            let rest = &acts[i..];
+            i += match rest.len() {
+                8.. => tile::<8>(w, cols, &rest[..8], o, stride),
+                4.. => tile::<4>(w, cols, &rest[..4], o, stride),
+                2.. => tile::<2>(w, cols, &rest[..2], o, stride),
+                _ => tile::<1>(w, cols, &rest[..1], o, stride),
+            };
+        }
+    }
+
+    /// [`gemm`] for exactly `N` activation rows; returns `N`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn tile<const N: usize>(
+        w: &[u8],
+        cols: usize,
+        acts: &[Q8k<'_>],
+        out: *mut f32,
+        stride: usize,
+    ) -> usize {
+        let nb = cols / 256;
+        let n = N;
+        debug_assert!(acts.len() == N && w.len() >= nb * GROUP_BLOCK_BYTES);
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m30 = _mm256_set1_epi8(0x30);
+        let lo16 = _mm256_set1_epi32(0xFFFF);
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut accm = [_mm256_setzero_ps(); N];
+        for b in 0..nb {
+            let blk = w.as_ptr().add(b * GROUP_BLOCK_BYTES);
+            // the six-bit scales and mins: U[32p..32p + 32] for pair p (as in avx2::gemv)
+            let l0 = _mm256_loadu_si256(blk.add(32) as *const __m256i);
+            let l1 = _mm256_loadu_si256(blk.add(64) as *const __m256i);
+            let h = _mm256_loadu_si256(blk.add(96) as *const __m256i);
+            let u = [
+                _mm256_or_si256(
+                    _mm256_and_si256(l0, m4),
+                    _mm256_and_si256(_mm256_slli_epi16(h, 4), m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(l1, m4),
+                    _mm256_and_si256(_mm256_slli_epi16(h, 2), m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                    _mm256_and_si256(h, m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                    _mm256_and_si256(_mm256_srli_epi16(h, 2), m30),
+                ),
+            ];
+            // the activations' sub-block sums: eight per row, as four pairs (32-bit lanes)
+            let mut subs = [_mm_setzero_si128(); N];
+            for (s, act) in subs.iter_mut().zip(acts) {
+                let bs = act.2.as_ptr().add(16 * b);
+                *s = _mm_hadd_epi16(
+                    _mm_loadu_si128(bs as *const __m128i),
+                    _mm_loadu_si128(bs.add(8) as *const __m128i),
+                );
+            }
+            let mut sumi = [_mm256_setzero_si256(); N];
+            let mut summ = [_mm256_setzero_si256(); N];
+            for (p, &up) in u.iter().enumerate() {
+                // per row (32-bit lane): scale 2p in the low half, 2p + 1 in the high half
+                let sc = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(up));
+                let mn = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(up, 1));
+                let (sc_lo, sc_hi) = (_mm256_and_si256(sc, lo16), _mm256_srli_epi32(sc, 16));
+                let q = blk.add(128 + 256 * p);
+                let mut lo = [_mm256_setzero_si256(); 8];
+                let mut hi = [_mm256_setzero_si256(); 8];
+                for k in 0..8 {
+                    let v = _mm256_loadu_si256(q.add(32 * k) as *const __m256i);
+                    lo[k] = _mm256_and_si256(v, m4);
+                    hi[k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                }
+                for i in 0..n {
+                    let ap = acts.get_unchecked(i).0.as_ptr().add(256 * b + 64 * p);
+                    let mut sl = _mm256_setzero_si256();
+                    let mut sh = _mm256_setzero_si256();
+                    for k in 0..8 {
+                        let al = _mm256_set1_epi32((ap.add(4 * k) as *const i32).read_unaligned());
+                        let ah =
+                            _mm256_set1_epi32((ap.add(32 + 4 * k) as *const i32).read_unaligned());
+                        sl = _mm256_dpbusd_epi32(sl, lo[k], al);
+                        sh = _mm256_dpbusd_epi32(sh, hi[k], ah);
+                    }
+                    let pair = _mm256_set1_epi32(match p {
+                        0 => _mm_extract_epi32(subs[i], 0),
+                        1 => _mm_extract_epi32(subs[i], 1),
+                        2 => _mm_extract_epi32(subs[i], 2),
+                        _ => _mm_extract_epi32(subs[i], 3),
+                    });
+                    sumi[i] = _mm256_add_epi32(
+                        sumi[i],
+                        _mm256_add_epi32(
+                            _mm256_mullo_epi32(sl, sc_lo),
+                            _mm256_mullo_epi32(sh, sc_hi),
+                        ),
+                    );
+                    summ[i] = _mm256_add_epi32(summ[i], _mm256_madd_epi16(mn, pair));
+                }
+            }
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
+            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i));
+            for i in 0..n {
+                let dy = _mm256_set1_ps(*acts.get_unchecked(i).1.get_unchecked(b));
+                acc[i] =
+                    _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(sumi[i]), acc[i]);
+                accm[i] = _mm256_fmadd_ps(
+                    _mm256_mul_ps(dmin, dy),
+                    _mm256_cvtepi32_ps(summ[i]),
+                    accm[i],
+                );
+            }
+        }
+        for i in 0..n {
+            _mm256_storeu_ps(out.add(i * stride), _mm256_sub_ps(acc[i], accm[i]));
+        }
+        N
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
