@@ -20,9 +20,9 @@
 //!   rows (no padding rows computed).
 //! - The output is written once, without zero-filling it first.
 //! - Q4_K weights interleaved by eight rows at load ([`q4k_x8`], type id [`q4k_x8::ID`]) run
-//!   on that layout's AVX2 kernel for every number of activation rows (one group of eight
-//!   weight rows against up to 16 activation rows at a time); below AVX2 the task's rows are
-//!   unpacked to GGUF rows for the row kernels.
+//!   on that layout's kernels (AVX2, or AVX-512 VNNI) for every number of activation rows
+//!   (one group of eight weight rows against up to 16 activation rows at a time); below AVX2
+//!   the task's rows are unpacked to GGUF rows for the row kernels.
 //!
 //! Every format has a plain scalar micro-kernel computing the same integer sums; the AVX2
 //! kernels, the AVX-512 kernels (every format; VNNI where the processor has it) and, on
@@ -289,58 +289,31 @@ pub fn matmul_with(isa: Isa, w: &WeightView<'_>, x: &[f32], m: usize) -> Option<
             let j0 = chunk * per_task;
             let j1 = (j0 + per_task).min(rows);
             if interleaved {
-                // the gemv per activation row, group by group: a group's weights are read
-                // from memory once and stay in L1 while up to ACT_TILE activation rows pass
-                // by (as fast as the row layout's prefill tile, measured: no unpacking)
-                #[cfg(target_arch = "x86_64")]
-                if isa >= Isa::Avx512 && q4k_x8::avx512::available() {
-                    // VNNI: each group's nibbles unpacked once per tile of activation rows
-                    let group = q4k_x8::ROWS * rb;
-                    for i0 in (0..m).step_by(q4k_x8::avx512::TILE) {
-                        let i1 = (i0 + q4k_x8::avx512::TILE).min(m);
-                        let acts: Vec<q4k_x8::avx512::Q8k<'_>> =
-                            (i0..i1).map(|i| act(i).q8k()).collect();
-                        for j in (j0..j1).step_by(q4k_x8::ROWS) {
-                            // SAFETY: the processor has AVX-512 F/BW/VL/VNNI, AVX2, FMA and
-                            // F16C (`available`); rows j..j + 8 are a whole group inside the
-                            // weights (`fits`, per_task a multiple of 8), the activations
-                            // hold `cols` values, and columns j..j + 8 of output rows
-                            // i0..i1 are this task's alone.
-                            unsafe {
-                                q4k_x8::avx512::gemm(
-                                    &w.data[j * rb..j * rb + group],
-                                    cols,
-                                    &acts,
-                                    out_ptr.at(i0 * rows + j),
-                                    rows,
-                                );
-                            }
-                        }
-                    }
-                    return;
-                }
+                // group by group against tiles of activation rows: a group's weights are
+                // read from memory once and stay in L1 while the tile passes by, and its
+                // nibbles are unpacked once per few activation rows
                 #[cfg(target_arch = "x86_64")]
                 if q4k_x8::has_kernel(isa) {
-                    const ACT_TILE: usize = 16;
+                    const TILE: usize = 16;
+                    let kernel = if isa >= Isa::Avx512 && q4k_x8::avx512::available() {
+                        q4k_x8::Kernel::Vnni
+                    } else {
+                        q4k_x8::Kernel::Avx2
+                    };
                     let group = q4k_x8::ROWS * rb;
-                    for i0 in (0..m).step_by(ACT_TILE) {
+                    for i0 in (0..m).step_by(TILE) {
+                        let i1 = (i0 + TILE).min(m);
+                        let acts: Vec<q4k_x8::Q8k<'_>> = (i0..i1).map(|i| act(i).q8k()).collect();
                         for j in (j0..j1).step_by(q4k_x8::ROWS) {
                             let wg = &w.data[j * rb..j * rb + group];
-                            for i in i0..(i0 + ACT_TILE).min(m) {
-                                let (qs, d, bsums) = act(i).q8k();
-                                // SAFETY: AVX2/FMA/F16C are present (isa was capped at what
-                                // the processor has); rows j..j + 8 are a whole group inside
-                                // the weights (`fits`, and per_task is a multiple of 8), the
-                                // activations hold `cols` values, and columns j..j + 8 of
-                                // output row i are this task's alone.
-                                unsafe {
-                                    let out = std::slice::from_raw_parts_mut(
-                                        out_ptr.at(i * rows + j),
-                                        q4k_x8::ROWS,
-                                    );
-                                    q4k_x8::avx2::gemv(wg, cols, qs, d, bsums, out);
-                                }
-                            }
+                            let o = out_ptr.at(i0 * rows + j);
+                            // SAFETY: AVX2/FMA/F16C are present (isa was capped at what the
+                            // processor has), and AVX-512 F/BW/VL/VNNI for `Vnni`
+                            // (`available`); rows j..j + 8 are a whole group inside the
+                            // weights (`fits`, per_task a multiple of 8), the activations
+                            // hold `cols` values, and columns j..j + 8 of output rows i0..i1
+                            // are this task's alone.
+                            unsafe { q4k_x8::gemm(kernel, wg, cols, &acts, o, rows) };
                         }
                     }
                     return;
@@ -2399,7 +2372,7 @@ mod tests {
     #[test]
     fn interleaved_q4k_gives_what_its_rows_give() {
         // The same products on the same quantised activations: with AVX2 every step runs the
-        // interleaved gemv (only the order of float additions differs); without, the GGUF
+        // interleaved kernels (only the order of float additions differs); without, the GGUF
         // rows are unpacked for the row kernels (bit-identical).
         let mut rng = Rng(77);
         for (rows, cols) in [(8, 256), (64, 512), (40, 768), (136, 1536)] {

@@ -1,20 +1,21 @@
-//! Q4_K with eight weight rows interleaved: a layout for decode.
+//! Q4_K with eight weight rows interleaved: one layout for decode, drafts and prefill.
 //!
-//! A decode step multiplies one activation row by every weight row, so its cost per weight is
-//! what one block of one row costs: in GGUF's row layout each Q4_K block carries its own
-//! packed six-bit scales and mins, unpacked one row at a time, and each 32-element product
-//! ends in a multiply by that row's scale. Here the blocks of eight consecutive rows sit
-//! together (idea from ggml's `block_q4_Kx8`; the byte layout below is docent's own), so one
-//! register holds four bytes of each of the eight rows, an activation load serves eight rows,
-//! the products of a sub-block add up in 16 bits, and the scales, mins and block scales of
-//! eight rows are vectors with one row per 32-bit lane. The output of eight rows is one
-//! register, stored once.
+//! In GGUF's row layout each Q4_K block carries its own packed six-bit scales and mins,
+//! unpacked one row at a time, and each 32-element product ends in a multiply by that row's
+//! scale. Here the blocks of eight consecutive rows sit together (idea from ggml's
+//! `block_q4_Kx8`; the byte layout below is docent's own), so one register holds four bytes
+//! of each of the eight rows, an activation load serves eight rows, and the scales, mins and
+//! block scales of eight rows are vectors with one row per 32-bit lane. The kernels take one
+//! group against a tile of activation rows: the group's nibbles are unpacked into registers
+//! once and serve every row of the tile (up to four with AVX2, whose products of a
+//! sub-block add up in 16 bits; up to eight with AVX-512 VNNI, whose `vpdpbusd` adds them in
+//! 32 bits). The output of eight rows is one register, stored once.
 //!
 //! The layout is lossless and the same size as the rows it replaces (1,152 bytes per eight
 //! 256-element blocks), so a model's tensor keeps its shape and byte count; only docent's
 //! kernels can read it ([`ID`] tells them). [`deinterleave`] gives the GGUF rows back, byte
-//! for byte: prefill and draft steps, which reuse each weight for many activation rows,
-//! unpack a task's rows into cache-sized scratch and run the row kernels.
+//! for byte: below AVX2 the matmul unpacks a task's rows into cache-sized scratch and runs
+//! the row kernels.
 //!
 //! One 1,152-byte group (rows `8g..8g + 8`, 256-block `b`):
 //! - `0..16`: the eight rows' `d` (f16), `16..32`: their `dmin` (f16);
@@ -30,12 +31,15 @@ use crate::quant::{q4k_scale_min, Format};
 
 /// The layout's id where a GGML type id is expected (not a GGML type: no other code reads it).
 pub const ID: u32 = 0x0001_000C;
+/// One activation row in Q8_K: `qs`, a scale per 256-block, 16 `bsums` per block.
+pub(crate) type Q8k<'a> = (&'a [i8], &'a [f32], &'a [i16]);
+
 /// Rows per group.
 pub const ROWS: usize = 8;
 /// Bytes of one group's 256-block (eight Q4_K blocks).
 pub const GROUP_BLOCK_BYTES: usize = ROWS * 144;
 
-/// Whether this instruction set has the layout's kernel ([`avx2::gemv`]); below it the
+/// Whether this instruction set has the layout's kernel ([`avx2::gemm`]); below it the
 /// matmul unpacks the rows again, so the layout only pays where this holds.
 pub fn has_kernel(isa: Isa) -> bool {
     cfg!(target_arch = "x86_64") && isa >= Isa::Avx2
@@ -146,131 +150,233 @@ pub fn deinterleave(data: &[u8], cols: usize, g0: usize, g1: usize, out: &mut Ve
     }
 }
 
+/// `len` activation rows as pieces `(start, count)` of powers of two, at most `largest`
+/// (itself a power of two), largest first: the kernels keep a piece's accumulators in
+/// registers, so each count is its own instantiation.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn pieces(len: usize, largest: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        let left = len - start;
+        (left > 0).then(|| {
+            let n = largest.min(1 << left.ilog2());
+            start += n;
+            (start - n, n)
+        })
+    })
+}
+
+/// The kernels of the layout on x86-64.
 #[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    /// AVX2: tiles of up to four activation rows, sub-block sums in 16 bits.
+    Avx2,
+    /// AVX-512 VNNI: tiles of up to eight (their accumulators fit the 32 vector registers),
+    /// sub-block sums by `vpdpbusd` in 32 bits.
+    Vnni,
+}
+
+/// One group (`cols / 256` blocks of eight rows, `w`) against the activation rows `acts`:
+/// the eight results of activation row `i` go to `out[i * stride..i * stride + 8]`.
+///
+/// # Safety
+/// The processor has `kernel`'s instructions (AVX2, FMA, F16C; for [`Kernel::Vnni`] also
+/// [`avx512::available`]); `w` holds one group of `cols / 256` blocks; each activation holds
+/// `cols` values; `out` is valid for writes at every `i * stride + r` (`i < acts.len()`,
+/// `r < 8`), which nothing else reads or writes meanwhile.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn gemm(
+    kernel: Kernel,
+    w: &[u8],
+    cols: usize,
+    acts: &[Q8k<'_>],
+    out: *mut f32,
+    stride: usize,
+) {
+    let largest = if kernel == Kernel::Vnni { 8 } else { 4 };
+    for (i, n) in pieces(acts.len(), largest) {
+        let (a, o) = (&acts[i..i + n], out.add(i * stride));
+        match (kernel, n) {
+            (Kernel::Vnni, 8) => avx512::tile::<8>(w, cols, a, o, stride),
+            (Kernel::Vnni, 4) => avx512::tile::<4>(w, cols, a, o, stride),
+            (Kernel::Vnni, 2) => avx512::tile::<2>(w, cols, a, o, stride),
+            (Kernel::Vnni, _) => avx512::tile::<1>(w, cols, a, o, stride),
+            (Kernel::Avx2, 4) => avx2::tile::<4>(w, cols, a, o, stride),
+            (Kernel::Avx2, 2) => avx2::tile::<2>(w, cols, a, o, stride),
+            (Kernel::Avx2, _) => avx2::tile::<1>(w, cols, a, o, stride),
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)] // activation rows and their accumulators side by side
 pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{GROUP_BLOCK_BYTES, ROWS};
+    use super::{Q8k, GROUP_BLOCK_BYTES};
 
-    /// One activation row (Q8_K: `qs`, a scale `d` per 256-block, 16 `bsums` per block)
-    /// against the groups in `w` (`out.len() / 8` of them, `cols` wide): `out[8i + r]` is row
-    /// `r` of group `i`.
-    ///
-    /// # Safety
-    /// AVX2, FMA and F16C must be present; `w` holds `out.len() / 8` groups of `cols / 256`
-    /// blocks, the activations `cols` values (`cols / 256` scales, `cols / 16` bsums).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn gemv(
-        w: &[u8],
-        cols: usize,
-        qs: &[i8],
-        d: &[f32],
-        bsums: &[i16],
-        out: &mut [f32],
-    ) {
-        let nb = cols / 256;
-        let groups = out.len() / ROWS;
-        debug_assert!(w.len() >= groups * nb * GROUP_BLOCK_BYTES);
-        debug_assert!(qs.len() >= cols && d.len() >= nb && bsums.len() >= 16 * nb);
+    /// A group block's six-bit scales and mins: `U[32p..32p + 32]` for pair `p`, one per byte
+    /// (16 scales as `[row][sub-block]`, then 16 mins).
+    #[inline(always)]
+    pub(crate) unsafe fn scales_mins(blk: *const u8) -> [__m256i; 4] {
         let m4 = _mm256_set1_epi8(0x0F);
         let m30 = _mm256_set1_epi8(0x30);
-        for g in 0..groups {
-            let mut acc = _mm256_setzero_ps();
-            let mut accm = _mm256_setzero_ps();
-            for b in 0..nb {
-                let blk = w.as_ptr().add((g * nb + b) * GROUP_BLOCK_BYTES);
-                let a = qs.as_ptr().add(256 * b);
+        let l0 = _mm256_loadu_si256(blk.add(32) as *const __m256i);
+        let l1 = _mm256_loadu_si256(blk.add(64) as *const __m256i);
+        let h = _mm256_loadu_si256(blk.add(96) as *const __m256i);
+        [
+            _mm256_or_si256(
+                _mm256_and_si256(l0, m4),
+                _mm256_and_si256(_mm256_slli_epi16(h, 4), m30),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(l1, m4),
+                _mm256_and_si256(_mm256_slli_epi16(h, 2), m30),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                _mm256_and_si256(h, m30),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                _mm256_and_si256(_mm256_srli_epi16(h, 2), m30),
+            ),
+        ]
+    }
+
+    /// The end of a group block: each activation row's integer sums times the block scales
+    /// (`d` of the eight rows times the row's own), added to its accumulators.
+    #[inline(always)]
+    pub(crate) unsafe fn scale_block<const N: usize>(
+        blk: *const u8,
+        b: usize,
+        acts: &[Q8k<'_>],
+        sumi: &[__m256i; N],
+        summ: &[__m256i; N],
+        acc: &mut [__m256; N],
+        accm: &mut [__m256; N],
+    ) {
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
+        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i));
+        for i in 0..N {
+            let dy = _mm256_set1_ps(*acts.get_unchecked(i).1.get_unchecked(b));
+            acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(sumi[i]), acc[i]);
+            accm[i] = _mm256_fmadd_ps(
+                _mm256_mul_ps(dmin, dy),
+                _mm256_cvtepi32_ps(summ[i]),
+                accm[i],
+            );
+        }
+    }
+
+    /// The eight results of each activation row `i`, to `o[i * stride..]`.
+    #[inline(always)]
+    pub(crate) unsafe fn store<const N: usize>(
+        o: *mut f32,
+        stride: usize,
+        acc: &[__m256; N],
+        accm: &[__m256; N],
+    ) {
+        for i in 0..N {
+            _mm256_storeu_ps(o.add(i * stride), _mm256_sub_ps(acc[i], accm[i]));
+        }
+    }
+
+    /// [`super::gemm`] with AVX2 for exactly `N` activation rows: each sub-block's nibbles
+    /// are unpacked into eight registers once and serve the `N` rows (up to four; the
+    /// unpacking costs about as much as one row's products).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be present, and what [`super::gemm`] asks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn tile<const N: usize>(
+        w: &[u8],
+        cols: usize,
+        acts: &[Q8k<'_>],
+        o: *mut f32,
+        stride: usize,
+    ) {
+        let nb = cols / 256;
+        debug_assert!(acts.len() == N && w.len() >= nb * GROUP_BLOCK_BYTES);
+        let m4 = _mm256_set1_epi8(0x0F);
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut accm = [_mm256_setzero_ps(); N];
+        for b in 0..nb {
+            let blk = w.as_ptr().add(b * GROUP_BLOCK_BYTES);
+            let u = scales_mins(blk);
+            let mut sumi = [_mm256_setzero_si256(); N];
+            let mut summ = [_mm256_setzero_si256(); N];
+            for i in 0..N {
                 // the activations' sub-block sums, as four pairs (one per 32-bit lane)
-                let bs = bsums.as_ptr().add(16 * b);
+                let bs = acts.get_unchecked(i).2.as_ptr().add(16 * b);
                 let sub = _mm_hadd_epi16(
                     _mm_loadu_si128(bs as *const __m128i),
                     _mm_loadu_si128(bs.add(8) as *const __m128i),
                 );
-                // the six-bit scales and mins: U[32p..32p + 32] for pair p
-                let l0 = _mm256_loadu_si256(blk.add(32) as *const __m256i);
-                let l1 = _mm256_loadu_si256(blk.add(64) as *const __m256i);
-                let h = _mm256_loadu_si256(blk.add(96) as *const __m256i);
-                let u = [
-                    _mm256_or_si256(
-                        _mm256_and_si256(l0, m4),
-                        _mm256_and_si256(_mm256_slli_epi16(h, 4), m30),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(l1, m4),
-                        _mm256_and_si256(_mm256_slli_epi16(h, 2), m30),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                        _mm256_and_si256(h, m30),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                        _mm256_and_si256(_mm256_srli_epi16(h, 2), m30),
-                    ),
-                ];
-                let pairs = [
-                    _mm256_set1_epi32(_mm_extract_epi32(sub, 0)),
-                    _mm256_set1_epi32(_mm_extract_epi32(sub, 1)),
-                    _mm256_set1_epi32(_mm_extract_epi32(sub, 2)),
-                    _mm256_set1_epi32(_mm_extract_epi32(sub, 3)),
-                ];
-                let mut sumi = _mm256_setzero_si256();
-                let mut summ = _mm256_setzero_si256();
-                for (p, (&up, &pair)) in u.iter().zip(&pairs).enumerate() {
-                    // per row (32-bit lane): (scale 2p, scale 2p + 1) and the mins alike
-                    let sc = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(up));
+                for (p, &up) in u.iter().enumerate() {
                     let mn = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(up, 1));
-                    let sc_lo = _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(sc, 0xA0), 0xA0);
-                    let sc_hi = _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(sc, 0xF5), 0xF5);
-                    summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mn, pair));
-                    let q = blk.add(128 + 256 * p);
-                    let ap = a.add(64 * p);
-                    let mut sl = _mm256_setzero_si256();
-                    let mut sh = _mm256_setzero_si256();
-                    for k in 0..8 {
-                        let v = _mm256_loadu_si256(q.add(32 * k) as *const __m256i);
-                        let lo = _mm256_and_si256(v, m4);
-                        let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                        let al = _mm256_set1_epi32((ap.add(4 * k) as *const i32).read_unaligned());
-                        let ah =
-                            _mm256_set1_epi32((ap.add(32 + 4 * k) as *const i32).read_unaligned());
-                        // 16 products of ≤ 15 · 127 per 16-bit lane: no overflow
-                        sl = _mm256_add_epi16(sl, _mm256_maddubs_epi16(lo, al));
-                        sh = _mm256_add_epi16(sh, _mm256_maddubs_epi16(hi, ah));
-                    }
-                    sumi = _mm256_add_epi32(
-                        sumi,
-                        _mm256_add_epi32(
-                            _mm256_madd_epi16(sl, sc_lo),
-                            _mm256_madd_epi16(sh, sc_hi),
-                        ),
-                    );
+                    let pair = _mm256_set1_epi32(match p {
+                        0 => _mm_extract_epi32(sub, 0),
+                        1 => _mm_extract_epi32(sub, 1),
+                        2 => _mm_extract_epi32(sub, 2),
+                        _ => _mm_extract_epi32(sub, 3),
+                    });
+                    summ[i] = _mm256_add_epi32(summ[i], _mm256_madd_epi16(mn, pair));
                 }
-                let dy = _mm256_set1_ps(*d.get_unchecked(b));
-                let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
-                let dmin = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i));
-                acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(sumi), acc);
-                accm = _mm256_fmadd_ps(_mm256_mul_ps(dmin, dy), _mm256_cvtepi32_ps(summ), accm);
             }
-            _mm256_storeu_ps(out.as_mut_ptr().add(ROWS * g), _mm256_sub_ps(acc, accm));
+            for (p, &up) in u.iter().enumerate() {
+                let sc = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(up));
+                let q = blk.add(128 + 256 * p);
+                // h = 0: the low nibbles (sub-block 2p), h = 1: the high (2p + 1)
+                for h in 0..2 {
+                    let s = if h == 0 {
+                        _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(sc, 0xA0), 0xA0)
+                    } else {
+                        _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(sc, 0xF5), 0xF5)
+                    };
+                    let mut wq = [_mm256_setzero_si256(); 8];
+                    for (k, x) in wq.iter_mut().enumerate() {
+                        let v = _mm256_loadu_si256(q.add(32 * k) as *const __m256i);
+                        let v = if h == 0 { v } else { _mm256_srli_epi16(v, 4) };
+                        *x = _mm256_and_si256(v, m4);
+                    }
+                    for i in 0..N {
+                        let ap = acts
+                            .get_unchecked(i)
+                            .0
+                            .as_ptr()
+                            .add(256 * b + 64 * p + 32 * h);
+                        let mut t = _mm256_setzero_si256();
+                        for (k, &x) in wq.iter().enumerate() {
+                            let a =
+                                _mm256_set1_epi32((ap.add(4 * k) as *const i32).read_unaligned());
+                            // 16 products of ≤ 15 · 127 per 16-bit lane: no overflow
+                            t = _mm256_add_epi16(t, _mm256_maddubs_epi16(x, a));
+                        }
+                        sumi[i] = _mm256_add_epi32(sumi[i], _mm256_madd_epi16(t, s));
+                    }
+                }
+            }
+            scale_block(blk, b, acts, &sumi, &summ, &mut acc, &mut accm);
         }
+        store(o, stride, &acc, &accm);
     }
 }
 
 /// With AVX-512 VNNI: one group against several activation rows at once. A pair of
 /// sub-blocks' nibbles is unpacked into sixteen registers once and serves every activation
-/// row of the tile (the AVX2 [`avx2::gemv`] unpacks them again for each row), and `vpdpbusd`
+/// row of the tile (the AVX2 [`avx2::gemm`] does so for up to four), and `vpdpbusd`
 /// adds four products per 32-bit lane, so a lane holds its row's whole sub-block sum with no
 /// 16-bit stage.
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)] // activation rows and their accumulators side by side
 pub(crate) mod avx512 {
     use std::arch::x86_64::*;
     use std::sync::OnceLock;
 
-    use super::GROUP_BLOCK_BYTES;
-
-    /// Most activation rows per call.
-    pub(crate) const TILE: usize = 16;
+    use super::avx2::{scale_block, store};
+    use super::{Q8k, GROUP_BLOCK_BYTES};
 
     /// Whether the processor has the instructions [`gemm`] needs.
     pub(crate) fn available() -> bool {
@@ -286,80 +392,28 @@ pub(crate) mod avx512 {
         })
     }
 
-    /// One activation row in Q8_K: `qs`, a scale per 256-block, 16 `bsums` per block.
-    pub(crate) type Q8k<'a> = (&'a [i8], &'a [f32], &'a [i16]);
-
-    /// The group `w` (`cols / 256` blocks of eight rows) against `acts` (at most [`TILE`]):
-    /// the eight results of activation row `i` go to `out[i * stride..i * stride + 8]`.
+    /// [`super::gemm`] with AVX-512 VNNI for exactly `N` activation rows.
     ///
     /// # Safety
-    /// [`available`] holds; `w` holds one group of `cols / 256` blocks; each activation
-    /// holds `cols` values; `out` is valid for writes at every `i * stride + r`
-    /// (`i < acts.len()`, `r < 8`), which nothing else reads or writes meanwhile.
+    /// [`available`] holds, and what [`super::gemm`] asks.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(crate) unsafe fn gemm(
+    pub(crate) unsafe fn tile<const N: usize>(
         w: &[u8],
         cols: usize,
         acts: &[Q8k<'_>],
-        out: *mut f32,
+        o: *mut f32,
         stride: usize,
     ) {
-        debug_assert!(acts.len() <= TILE);
-        // pieces of 8, 4, 2 and 1 rows, each with its accumulators in registers
-        let mut i = 0;
-        while i < acts.len() {
-            let o = out.add(i * stride);
-            let rest = &acts[i..];
-            i += match rest.len() {
-                8.. => tile::<8>(w, cols, &rest[..8], o, stride),
-                4.. => tile::<4>(w, cols, &rest[..4], o, stride),
-                2.. => tile::<2>(w, cols, &rest[..2], o, stride),
-                _ => tile::<1>(w, cols, &rest[..1], o, stride),
-            };
-        }
-    }
-
-    /// [`gemm`] for exactly `N` activation rows; returns `N`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn tile<const N: usize>(
-        w: &[u8],
-        cols: usize,
-        acts: &[Q8k<'_>],
-        out: *mut f32,
-        stride: usize,
-    ) -> usize {
         let nb = cols / 256;
         let n = N;
         debug_assert!(acts.len() == N && w.len() >= nb * GROUP_BLOCK_BYTES);
         let m4 = _mm256_set1_epi8(0x0F);
-        let m30 = _mm256_set1_epi8(0x30);
         let lo16 = _mm256_set1_epi32(0xFFFF);
         let mut acc = [_mm256_setzero_ps(); N];
         let mut accm = [_mm256_setzero_ps(); N];
         for b in 0..nb {
             let blk = w.as_ptr().add(b * GROUP_BLOCK_BYTES);
-            // the six-bit scales and mins: U[32p..32p + 32] for pair p (as in avx2::gemv)
-            let l0 = _mm256_loadu_si256(blk.add(32) as *const __m256i);
-            let l1 = _mm256_loadu_si256(blk.add(64) as *const __m256i);
-            let h = _mm256_loadu_si256(blk.add(96) as *const __m256i);
-            let u = [
-                _mm256_or_si256(
-                    _mm256_and_si256(l0, m4),
-                    _mm256_and_si256(_mm256_slli_epi16(h, 4), m30),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(l1, m4),
-                    _mm256_and_si256(_mm256_slli_epi16(h, 2), m30),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                    _mm256_and_si256(h, m30),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                    _mm256_and_si256(_mm256_srli_epi16(h, 2), m30),
-                ),
-            ];
+            let u = super::avx2::scales_mins(blk);
             // the activations' sub-block sums: eight per row, as four pairs (32-bit lanes)
             let mut subs = [_mm_setzero_si128(); N];
             for (s, act) in subs.iter_mut().zip(acts) {
@@ -411,23 +465,9 @@ pub(crate) mod avx512 {
                     summ[i] = _mm256_add_epi32(summ[i], _mm256_madd_epi16(mn, pair));
                 }
             }
-            let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
-            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i));
-            for i in 0..n {
-                let dy = _mm256_set1_ps(*acts.get_unchecked(i).1.get_unchecked(b));
-                acc[i] =
-                    _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(sumi[i]), acc[i]);
-                accm[i] = _mm256_fmadd_ps(
-                    _mm256_mul_ps(dmin, dy),
-                    _mm256_cvtepi32_ps(summ[i]),
-                    accm[i],
-                );
-            }
+            scale_block(blk, b, acts, &sumi, &summ, &mut acc, &mut accm);
         }
-        for i in 0..n {
-            _mm256_storeu_ps(out.add(i * stride), _mm256_sub_ps(acc[i], accm[i]));
-        }
-        N
+        store(o, stride, &acc, &accm);
     }
 }
 
@@ -453,6 +493,16 @@ mod tests {
         deinterleave(&x, cols, 1, 3, &mut back);
         let rb = cols / 256 * 144;
         assert_eq!(back, data[8 * rb..24 * rb]);
+    }
+
+    #[test]
+    fn activation_rows_split_into_powers_of_two() {
+        let p = |len, largest| pieces(len, largest).collect::<Vec<_>>();
+        assert_eq!(p(0, 8), []);
+        assert_eq!(p(1, 8), [(0, 1)]);
+        assert_eq!(p(7, 8), [(0, 4), (4, 2), (6, 1)]);
+        assert_eq!(p(16, 8), [(0, 8), (8, 8)]);
+        assert_eq!(p(13, 4), [(0, 4), (4, 4), (8, 4), (12, 1)]);
     }
 
     #[test]
