@@ -2390,7 +2390,8 @@ mod tests {
                 view(Format::Q4K.ggml_id(), &data),
                 view(q4k_x8::ID, &packed),
             );
-            for m in [1, 2, 5, 9, 40] {
+            // every tile size of both kernels: pieces of 8/4/2/1 (VNNI), 4/2/1 (AVX2)
+            for m in [1, 2, 7, 9, 40] {
                 let x: Vec<f32> = (0..m * cols).map(|_| rng.f32()).collect();
                 for isa in Isa::available() {
                     let want = matmul_with(isa, &plain, &x, m).expect("rows");

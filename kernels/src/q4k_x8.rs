@@ -39,7 +39,7 @@ pub const ROWS: usize = 8;
 /// Bytes of one group's 256-block (eight Q4_K blocks).
 pub const GROUP_BLOCK_BYTES: usize = ROWS * 144;
 
-/// Whether this instruction set has the layout's kernel ([`avx2::gemm`]); below it the
+/// Whether this instruction set has the layout's kernels ([`gemm`]); below it the
 /// matmul unpacks the rows again, so the layout only pays where this holds.
 pub fn has_kernel(isa: Isa) -> bool {
     cfg!(target_arch = "x86_64") && isa >= Isa::Avx2
@@ -172,8 +172,9 @@ fn pieces(len: usize, largest: usize) -> impl Iterator<Item = (usize, usize)> {
 pub(crate) enum Kernel {
     /// AVX2: tiles of up to four activation rows, sub-block sums in 16 bits.
     Avx2,
-    /// AVX-512 VNNI: tiles of up to eight (their accumulators fit the 32 vector registers),
-    /// sub-block sums by `vpdpbusd` in 32 bits.
+    /// AVX-512 VNNI: tiles of up to eight activation rows (the sixteen
+    /// nibble registers stay in the 32 vector registers, accumulators that do not fit go to
+    /// L1), sub-block sums by `vpdpbusd` in 32 bits.
     Vnni,
 }
 
@@ -183,8 +184,9 @@ pub(crate) enum Kernel {
 /// # Safety
 /// The processor has `kernel`'s instructions (AVX2, FMA, F16C; for [`Kernel::Vnni`] also
 /// [`avx512::available`]); `w` holds one group of `cols / 256` blocks; each activation holds
-/// `cols` values; `out` is valid for writes at every `i * stride + r` (`i < acts.len()`,
-/// `r < 8`), which nothing else reads or writes meanwhile.
+/// `cols` values, `cols / 256` scales and `cols / 16` bsums; `out` is valid for writes at
+/// every `i * stride + r` (`i < acts.len()`, `r < 8`), which nothing else reads or writes
+/// meanwhile.
 #[cfg(target_arch = "x86_64")]
 pub(crate) unsafe fn gemm(
     kernel: Kernel,
@@ -288,7 +290,8 @@ pub(crate) mod avx2 {
     /// unpacking costs about as much as one row's products).
     ///
     /// # Safety
-    /// AVX2, FMA and F16C must be present, and what [`super::gemm`] asks.
+    /// AVX2, FMA and F16C must be present, `acts.len() == N`, and what [`super::gemm`]
+    /// asks.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn tile<const N: usize>(
         w: &[u8],
@@ -366,7 +369,7 @@ pub(crate) mod avx2 {
 
 /// With AVX-512 VNNI: one group against several activation rows at once. A pair of
 /// sub-blocks' nibbles is unpacked into sixteen registers once and serves every activation
-/// row of the tile (the AVX2 [`avx2::gemm`] does so for up to four), and `vpdpbusd`
+/// row of the tile (the AVX2 [`avx2::tile`] does so for up to four), and `vpdpbusd`
 /// adds four products per 32-bit lane, so a lane holds its row's whole sub-block sum with no
 /// 16-bit stage.
 #[cfg(target_arch = "x86_64")]
@@ -378,7 +381,7 @@ pub(crate) mod avx512 {
     use super::avx2::{scale_block, store};
     use super::{Q8k, GROUP_BLOCK_BYTES};
 
-    /// Whether the processor has the instructions [`gemm`] needs.
+    /// Whether the processor has the instructions [`tile`] needs.
     pub(crate) fn available() -> bool {
         static HAS: OnceLock<bool> = OnceLock::new();
         *HAS.get_or_init(|| {
@@ -395,7 +398,7 @@ pub(crate) mod avx512 {
     /// [`super::gemm`] with AVX-512 VNNI for exactly `N` activation rows.
     ///
     /// # Safety
-    /// [`available`] holds, and what [`super::gemm`] asks.
+    /// [`available`] holds, `acts.len() == N`, and what [`super::gemm`] asks.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(crate) unsafe fn tile<const N: usize>(
         w: &[u8],
