@@ -247,6 +247,36 @@ pub(crate) mod avx2 {
         ]
     }
 
+    /// The mins' part of a group block for each activation row: per weight row (32-bit lane)
+    /// the sum over the eight sub-blocks of its min times the activations' sub-block sum.
+    #[inline(always)]
+    pub(crate) unsafe fn mins_block<const N: usize>(
+        u: &[__m256i; 4],
+        b: usize,
+        acts: &[Q8k<'_>],
+    ) -> [__m256i; N] {
+        let mut summ = [_mm256_setzero_si256(); N];
+        for i in 0..N {
+            // the activations' sub-block sums, as four pairs (one per 32-bit lane)
+            let bs = acts.get_unchecked(i).2.as_ptr().add(16 * b);
+            let sub = _mm_hadd_epi16(
+                _mm_loadu_si128(bs as *const __m128i),
+                _mm_loadu_si128(bs.add(8) as *const __m128i),
+            );
+            for (p, &up) in u.iter().enumerate() {
+                let mn = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(up, 1));
+                let pair = _mm256_set1_epi32(match p {
+                    0 => _mm_extract_epi32(sub, 0),
+                    1 => _mm_extract_epi32(sub, 1),
+                    2 => _mm_extract_epi32(sub, 2),
+                    _ => _mm_extract_epi32(sub, 3),
+                });
+                summ[i] = _mm256_add_epi32(summ[i], _mm256_madd_epi16(mn, pair));
+            }
+        }
+        summ
+    }
+
     /// The end of a group block: each activation row's integer sums times the block scales
     /// (`d` of the eight rows times the row's own), added to its accumulators.
     #[inline(always)]
@@ -308,26 +338,8 @@ pub(crate) mod avx2 {
         for b in 0..nb {
             let blk = w.as_ptr().add(b * GROUP_BLOCK_BYTES);
             let u = scales_mins(blk);
+            let summ = mins_block::<N>(&u, b, acts);
             let mut sumi = [_mm256_setzero_si256(); N];
-            let mut summ = [_mm256_setzero_si256(); N];
-            for i in 0..N {
-                // the activations' sub-block sums, as four pairs (one per 32-bit lane)
-                let bs = acts.get_unchecked(i).2.as_ptr().add(16 * b);
-                let sub = _mm_hadd_epi16(
-                    _mm_loadu_si128(bs as *const __m128i),
-                    _mm_loadu_si128(bs.add(8) as *const __m128i),
-                );
-                for (p, &up) in u.iter().enumerate() {
-                    let mn = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(up, 1));
-                    let pair = _mm256_set1_epi32(match p {
-                        0 => _mm_extract_epi32(sub, 0),
-                        1 => _mm_extract_epi32(sub, 1),
-                        2 => _mm_extract_epi32(sub, 2),
-                        _ => _mm_extract_epi32(sub, 3),
-                    });
-                    summ[i] = _mm256_add_epi32(summ[i], _mm256_madd_epi16(mn, pair));
-                }
-            }
             for (p, &up) in u.iter().enumerate() {
                 let sc = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(up));
                 let q = blk.add(128 + 256 * p);
@@ -378,7 +390,7 @@ pub(crate) mod avx512 {
     use std::arch::x86_64::*;
     use std::sync::OnceLock;
 
-    use super::avx2::{scale_block, store};
+    use super::avx2::{mins_block, scale_block, scales_mins, store};
     use super::{Q8k, GROUP_BLOCK_BYTES};
 
     /// Whether the processor has the instructions [`tile`] needs.
@@ -408,7 +420,6 @@ pub(crate) mod avx512 {
         stride: usize,
     ) {
         let nb = cols / 256;
-        let n = N;
         debug_assert!(acts.len() == N && w.len() >= nb * GROUP_BLOCK_BYTES);
         let m4 = _mm256_set1_epi8(0x0F);
         let lo16 = _mm256_set1_epi32(0xFFFF);
@@ -416,22 +427,12 @@ pub(crate) mod avx512 {
         let mut accm = [_mm256_setzero_ps(); N];
         for b in 0..nb {
             let blk = w.as_ptr().add(b * GROUP_BLOCK_BYTES);
-            let u = super::avx2::scales_mins(blk);
-            // the activations' sub-block sums: eight per row, as four pairs (32-bit lanes)
-            let mut subs = [_mm_setzero_si128(); N];
-            for (s, act) in subs.iter_mut().zip(acts) {
-                let bs = act.2.as_ptr().add(16 * b);
-                *s = _mm_hadd_epi16(
-                    _mm_loadu_si128(bs as *const __m128i),
-                    _mm_loadu_si128(bs.add(8) as *const __m128i),
-                );
-            }
+            let u = scales_mins(blk);
+            let summ = mins_block::<N>(&u, b, acts);
             let mut sumi = [_mm256_setzero_si256(); N];
-            let mut summ = [_mm256_setzero_si256(); N];
             for (p, &up) in u.iter().enumerate() {
                 // per row (32-bit lane): scale 2p in the low half, 2p + 1 in the high half
                 let sc = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(up));
-                let mn = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(up, 1));
                 let (sc_lo, sc_hi) = (_mm256_and_si256(sc, lo16), _mm256_srli_epi32(sc, 16));
                 let q = blk.add(128 + 256 * p);
                 let mut lo = [_mm256_setzero_si256(); 8];
@@ -441,7 +442,7 @@ pub(crate) mod avx512 {
                     lo[k] = _mm256_and_si256(v, m4);
                     hi[k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
                 }
-                for i in 0..n {
+                for i in 0..N {
                     let ap = acts.get_unchecked(i).0.as_ptr().add(256 * b + 64 * p);
                     let mut sl = _mm256_setzero_si256();
                     let mut sh = _mm256_setzero_si256();
@@ -452,12 +453,6 @@ pub(crate) mod avx512 {
                         sl = _mm256_dpbusd_epi32(sl, lo[k], al);
                         sh = _mm256_dpbusd_epi32(sh, hi[k], ah);
                     }
-                    let pair = _mm256_set1_epi32(match p {
-                        0 => _mm_extract_epi32(subs[i], 0),
-                        1 => _mm_extract_epi32(subs[i], 1),
-                        2 => _mm_extract_epi32(subs[i], 2),
-                        _ => _mm_extract_epi32(subs[i], 3),
-                    });
                     sumi[i] = _mm256_add_epi32(
                         sumi[i],
                         _mm256_add_epi32(
@@ -465,7 +460,6 @@ pub(crate) mod avx512 {
                             _mm256_mullo_epi32(sh, sc_hi),
                         ),
                     );
-                    summ[i] = _mm256_add_epi32(summ[i], _mm256_madd_epi16(mn, pair));
                 }
             }
             scale_block(blk, b, acts, &sumi, &summ, &mut acc, &mut accm);
