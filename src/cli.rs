@@ -182,12 +182,12 @@ pub enum Command {
         data: PathBuf,
         #[arg(long, default_value = "src/query/safety/injection.model")]
         out: PathBuf,
-        #[arg(long, default_value_t = 12)]
+        #[arg(long, default_value_t = 20)]
         epochs: usize,
         #[arg(long, default_value_t = 0.3)]
         learning_rate: f32,
         /// L2 penalty per update.
-        #[arg(long, default_value_t = 1e-3)]
+        #[arg(long, default_value_t = 3e-4)]
         l2: f32,
         /// Highest false-positive rate allowed on each benign dev category.
         #[arg(long, default_value_t = 0.005)]

@@ -214,7 +214,7 @@ impl QueryEngine {
                         .yes_probability(MODEL_CHECK_SYSTEM, &model_check_prompt(&piece))
                         .await?;
                     safety.model_checked += 1;
-                    if yes >= 0.5 {
+                    if yes >= self.safety.config.model_check_yes {
                         safety.reason("prompt_injection:model_check");
                         self.safety.flagged_chunk(&h.payload.text, &mut safety)
                     } else {

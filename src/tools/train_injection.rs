@@ -41,9 +41,12 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            epochs: 12,
+            // chosen on dev (third round, 20,492 rows): against 12 epochs at 1e-3, dev
+            // detection rose in every attack category (mean 72.7 % against 66.9 %) at the
+            // same false positives on ordinary questions and chunks
+            epochs: 20,
             learning_rate: 0.3,
-            l2: 1e-3,
+            l2: 3e-4,
             max_false_positives: 0.005,
             balance_categories: false,
             signals: crate::query::safety::signals::ALL_SIGNALS,

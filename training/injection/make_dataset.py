@@ -142,6 +142,27 @@ def main():
         cat = {"questions": "benign_question_hard", "multilingual": "benign_multilingual"}.get(r["kind"], "benign_doc")
         add(r["text"], 0, cat, f"pool:benign_hard:{r.get('lang', 'en')}:{r['kind']}")
 
+    # --- third round: tasks planted in documents, registers, exfiltration; direct attacks,
+    # extraction, jailbreaks and encodings in new styles; 20 languages with hard negatives;
+    # English hard negatives. Texts that quote an attack in a reporting frame are only
+    # measured (dev/test), never learnt as benign: a document quoting an attack is still a
+    # document an AI might obey.
+    for name in ("r3_doc_attacks", "r3_direct_attacks"):
+        for r in jsonl(pools / f"{name}.jsonl"):
+            add(r["text"], 1, r["kind"], f"pool:{name}:{r['kind']}")
+    for r in jsonl(pools / "r3_multilingual.jsonl"):
+        cat = "multilingual" if r["label"] == 1 else "benign_multilingual"
+        add(r["text"], r["label"], cat, f"pool:r3_multilingual:{r['lang']}:{r['kind']}")
+    for r in jsonl(pools / "r3_benign_hard.jsonl"):
+        cat = {
+            "questions": "benign_question_hard",
+            "emails_people": "benign_email",
+            "quoted_attack": "benign_quoted_attack",
+        }.get(r["kind"], "benign_doc")
+        if cat == "benign_quoted_attack" and split_of(r["text"]) == "train":
+            continue
+        add(r["text"], 0, cat, f"pool:r3_benign_hard:{r['kind']}")
+
     # --- public sets: evaluation only (split "eval"), never training, dev or threshold.
     # Public prompt-injection sets are blind tests of the project; SQuAD and the Presidio
     # set measure false positives on texts nothing here was fitted to.

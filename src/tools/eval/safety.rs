@@ -203,6 +203,12 @@ type Sets = Vec<(String, String, Vec<Labelled>)>;
 
 /// The test split and the evaluation-only rows of the data set, then the held-out files.
 fn load_sets(dataset: &Path, heldout: &Path) -> anyhow::Result<Sets> {
+    load_sets_with(dataset, heldout, false)
+}
+
+/// [`load_sets`], with the dev split first when `dev` (the second stage's cutoff is chosen
+/// there).
+fn load_sets_with(dataset: &Path, heldout: &Path, dev: bool) -> anyhow::Result<Sets> {
     let mut sets: Sets = Vec::new();
     let test: Vec<Labelled> = crate::tools::eval::jsonl(dataset).map_err(|e| {
         anyhow::anyhow!("{e} (make it with: python3 training/injection/make_dataset.py)")
@@ -212,18 +218,19 @@ fn load_sets(dataset: &Path, heldout: &Path) -> anyhow::Result<Sets> {
     let mut by_cat: BTreeMap<(u8, String), Vec<Labelled>> = BTreeMap::new();
     for r in test {
         let order = match r.split.as_deref() {
-            Some("test") => 0,
-            Some("eval") => 1,
+            Some("dev") if dev => 0,
+            Some("test") => 1,
+            Some("eval") => 2,
             _ => continue,
         };
         let c = r.category.clone().unwrap_or_default();
         by_cat.entry((order, c)).or_default().push(r);
     }
     for ((order, c), rows) in by_cat {
-        let source = if order == 0 {
-            "test split"
-        } else {
-            "eval only"
+        let source = match order {
+            0 => "dev split",
+            1 => "test split",
+            _ => "eval only",
         };
         sets.push((source.into(), c, rows));
     }
@@ -356,25 +363,99 @@ pub struct SecondStageRow {
     pub texts: usize,
     /// Texts in the band, put to the model.
     pub asked: usize,
-    /// Flagged by the classifier alone, and with the second stage.
+    /// Flagged by the classifier alone.
     pub before: usize,
+    /// Flagged with the second stage at a "yes" of 0.5 or more.
+    pub after_even: usize,
+    /// Flagged with the second stage at the cutoff chosen on the dev split.
     pub after: usize,
 }
 
-/// `docent eval-injection --model-check BAND`: what the second stage adds on the held-out
-/// sets and the evaluation-only ones, and what it costs per question put to the model.
+/// The dev split at one "yes" cutoff.
+#[derive(Debug, Clone, Serialize)]
+pub struct CutoffRow {
+    pub yes: f32,
+    /// Dev attacks detected with the stage (all categories together).
+    pub detected: f64,
+    /// The most false positives the stage adds to one ordinary dev category.
+    pub added_false_positives: f64,
+}
+
+/// `docent eval-injection --model-check BAND`: what the second stage adds, and what it costs
+/// per text put to the model. The "yes" cutoff is chosen on the dev split
+/// ([`choose_yes_cutoff`]); the test split, the held-out sets and the evaluation-only ones
+/// are reported at it.
 #[derive(Debug, Clone, Serialize)]
 pub struct SecondStageReport {
     pub band: f32,
     pub threshold: f32,
+    /// The cutoff chosen on dev (`None`: no cutoff keeps the ordinary texts within bounds).
+    pub yes_cutoff: Option<f32>,
+    pub dev: Vec<CutoffRow>,
     pub rows: Vec<SecondStageRow>,
     pub asked: usize,
     pub ms_per_ask_p50: f64,
     pub ms_per_ask_p95: f64,
 }
 
-/// Scores every held-out and evaluation-only text with the built-in classifier; those in
-/// the band below its threshold are asked of `generator` (the service's second stage).
+/// The cutoffs tried on dev.
+pub const YES_CUTOFFS: [f32; 10] = [0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999];
+/// The ordinary texts whose false positives the stage must keep low (the goal's "natural
+/// questions and ordinary document chunks", and e-mails to people).
+const ORDINARY: [&str; 3] = ["benign_question", "benign_chunk", "benign_email"];
+/// The most the stage may add to one ordinary dev category (half the goal's 1 %).
+const MAX_ADDED_FALSE_POSITIVES: f64 = 0.005;
+
+/// One text: its set, its label, whether the classifier flagged it, and the model's "yes"
+/// when it was asked.
+struct Judged {
+    set: usize,
+    label: u8,
+    before: bool,
+    yes: Option<f32>,
+}
+
+/// The lowest cutoff at which the stage adds at most [`MAX_ADDED_FALSE_POSITIVES`] to every
+/// ordinary category of dev, with the dev table behind the choice.
+fn choose_yes_cutoff(sets: &Sets, judged: &[Judged]) -> (Option<f32>, Vec<CutoffRow>) {
+    let dev = |j: &&Judged| sets[j.set].0 == "dev split";
+    let mut table = Vec::new();
+    let mut chosen = None;
+    for yes in YES_CUTOFFS {
+        let flags = |j: &Judged| j.before || j.yes.is_some_and(|y| y >= yes);
+        let attacks: Vec<&Judged> = judged.iter().filter(dev).filter(|j| j.label == 1).collect();
+        let detected =
+            attacks.iter().filter(|j| flags(j)).count() as f64 / attacks.len().max(1) as f64;
+        let mut worst = 0f64;
+        for (i, (source, category, _)) in sets.iter().enumerate() {
+            if source != "dev split" || !ORDINARY.contains(&category.as_str()) {
+                continue;
+            }
+            let of: Vec<&Judged> = judged
+                .iter()
+                .filter(|j| j.set == i && j.label == 0)
+                .collect();
+            let added = of
+                .iter()
+                .filter(|j| !j.before && j.yes.is_some_and(|y| y >= yes))
+                .count();
+            worst = worst.max(added as f64 / of.len().max(1) as f64);
+        }
+        if chosen.is_none() && worst <= MAX_ADDED_FALSE_POSITIVES {
+            chosen = Some(yes);
+        }
+        table.push(CutoffRow {
+            yes,
+            detected,
+            added_false_positives: worst,
+        });
+    }
+    (chosen, table)
+}
+
+/// Scores every dev, test, held-out and evaluation-only text with the built-in classifier;
+/// those in the band below its threshold are asked of `generator` (the service's second
+/// stage).
 pub async fn second_stage(
     dataset: &Path,
     heldout: &Path,
@@ -383,46 +464,65 @@ pub async fn second_stage(
 ) -> anyhow::Result<SecondStageReport> {
     use crate::query::safety::{classifier::BUILTIN, model_check_prompt, MODEL_CHECK_SYSTEM};
     let m = &*BUILTIN;
-    let sets = load_sets(dataset, heldout)?;
-    let mut rows = Vec::new();
+    let sets = load_sets_with(dataset, heldout, true)?;
+    let mut judged = Vec::new();
     let mut ms = Vec::new();
-    for (source, category, texts) in sets.iter().filter(|(s, _, _)| s != "test split") {
+    for (i, (_, _, texts)) in sets.iter().enumerate() {
+        for t in texts {
+            let (score, piece) = m.score_with_piece(&t.text);
+            let before = score >= m.threshold;
+            let yes = if !before && score >= m.threshold - band {
+                let started = std::time::Instant::now();
+                let yes = generator
+                    .yes_probability(MODEL_CHECK_SYSTEM, &model_check_prompt(&piece))
+                    .await?;
+                ms.push(started.elapsed().as_secs_f64() * 1e3);
+                Some(yes)
+            } else {
+                None
+            };
+            judged.push(Judged {
+                set: i,
+                label: t.label,
+                before,
+                yes,
+            });
+        }
+    }
+    let (yes_cutoff, dev) = choose_yes_cutoff(&sets, &judged);
+    let mut rows = Vec::new();
+    for (i, (source, category, _)) in sets.iter().enumerate() {
         for label in [1u8, 0] {
-            let of: Vec<&Labelled> = texts.iter().filter(|t| t.label == label).collect();
+            let of: Vec<&Judged> = judged
+                .iter()
+                .filter(|j| j.set == i && j.label == label)
+                .collect();
             if of.is_empty() {
                 continue;
             }
-            let mut row = SecondStageRow {
+            let at = |cut: Option<f32>| {
+                of.iter()
+                    .filter(|j| j.before || cut.is_some_and(|c| j.yes.is_some_and(|y| y >= c)))
+                    .count()
+            };
+            rows.push(SecondStageRow {
                 source: source.clone(),
                 category: category.clone(),
                 label,
                 texts: of.len(),
-                asked: 0,
-                before: 0,
-                after: 0,
-            };
-            for t in of {
-                let (score, piece) = m.score_with_piece(&t.text);
-                if score >= m.threshold {
-                    row.before += 1;
-                    row.after += 1;
-                } else if score >= m.threshold - band {
-                    let started = std::time::Instant::now();
-                    let yes = generator
-                        .yes_probability(MODEL_CHECK_SYSTEM, &model_check_prompt(&piece))
-                        .await?;
-                    ms.push(started.elapsed().as_secs_f64() * 1e3);
-                    row.asked += 1;
-                    row.after += usize::from(yes >= 0.5);
-                }
-            }
-            rows.push(row);
+                asked: of.iter().filter(|j| j.yes.is_some()).count(),
+                before: at(None),
+                after_even: at(Some(0.5)),
+                after: at(yes_cutoff),
+            });
         }
     }
     ms.sort_by(f64::total_cmp);
     Ok(SecondStageReport {
         band,
         threshold: m.threshold,
+        yes_cutoff,
+        dev,
         asked: ms.len(),
         ms_per_ask_p50: crate::tools::eval::percentile(&ms, 50.0),
         ms_per_ask_p95: crate::tools::eval::percentile(&ms, 95.0),
@@ -443,20 +543,46 @@ impl fmt::Display for SecondStageReport {
         )?;
         writeln!(
             f,
-            "{:<11} {:<24} {:>6} {:>6} {:>22} {:>22}  measures",
-            "source", "category", "texts", "asked", "classifier", "with second stage"
+            "dev split, per \"yes\" cutoff: attacks detected, and the most false positives added to one of {}:",
+            ORDINARY.join(", ")
+        )?;
+        for r in &self.dev {
+            writeln!(
+                f,
+                "  yes >= {:<6} detected {:>5.1}%  added false positives {:>4.1}%",
+                r.yes,
+                100.0 * r.detected,
+                100.0 * r.added_false_positives
+            )?;
+        }
+        let cut = match self.yes_cutoff {
+            Some(c) => format!("{c}"),
+            None => "none (no cutoff keeps the ordinary texts within 0.5 %)".into(),
+        };
+        writeln!(f, "cutoff chosen on dev: yes >= {cut}")?;
+        writeln!(
+            f,
+            "{:<11} {:<24} {:>6} {:>6} {:>22} {:>22} {:>22}  measures",
+            "source",
+            "category",
+            "texts",
+            "asked",
+            "classifier",
+            "stage, yes >= 0.5",
+            "stage, chosen cutoff"
         )?;
         for r in &self.rows {
             let what = measures(r.label);
             let cell = |hits: usize| rate_with_interval(hits, r.texts);
             writeln!(
                 f,
-                "{:<11} {:<24} {:>6} {:>6} {:>22} {:>22}  {what}",
+                "{:<11} {:<24} {:>6} {:>6} {:>22} {:>22} {:>22}  {what}",
                 r.source,
                 r.category,
                 r.texts,
                 r.asked,
                 cell(r.before),
+                cell(r.after_even),
                 cell(r.after)
             )?;
         }
