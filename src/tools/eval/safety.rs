@@ -641,3 +641,73 @@ mod wilson_tests {
         assert_eq!(wilson(0, 0), (0.0, 1.0));
     }
 }
+
+#[cfg(test)]
+mod cutoff_tests {
+    use super::{choose_yes_cutoff, Judged, Labelled, Sets};
+
+    fn set(source: &str, category: &str, n: usize, label: u8) -> (String, String, Vec<Labelled>) {
+        let texts = (0..n)
+            .map(|i| Labelled {
+                text: format!("{category} {i}"),
+                label,
+                split: None,
+                category: None,
+            })
+            .collect();
+        (source.into(), category.into(), texts)
+    }
+
+    #[test]
+    fn the_yes_cutoff_is_the_lowest_that_keeps_ordinary_dev_texts_within_bounds() {
+        // dev: 200 ordinary questions, 10 attacks; held out: 100 questions
+        let sets: Sets = vec![
+            set("dev split", "benign_question", 200, 0),
+            set("dev split", "direct", 10, 1),
+            set("held out", "benign_question", 100, 0),
+        ];
+        let mut judged = Vec::new();
+        // two dev questions asked, the model says yes at 0.65 and 0.92: at 0.6 the stage
+        // adds 1 %, at 0.7 0.5 % (within the bound)
+        for i in 0..200 {
+            let yes = [0.65, 0.92].get(i).copied();
+            judged.push(Judged {
+                set: 0,
+                label: 0,
+                before: false,
+                yes,
+            });
+        }
+        // attacks: 4 flagged by the classifier, 6 asked with yes from 0.55 to 0.8
+        for i in 0..10 {
+            let yes = (i >= 4).then(|| 0.55 + 0.05 * (i - 4) as f32);
+            judged.push(Judged {
+                set: 1,
+                label: 1,
+                before: i < 4,
+                yes,
+            });
+        }
+        // held-out texts never move the choice, however the model answers them
+        for _ in 0..100 {
+            judged.push(Judged {
+                set: 2,
+                label: 0,
+                before: false,
+                yes: Some(0.99),
+            });
+        }
+        let (chosen, table) = choose_yes_cutoff(&sets, &judged);
+        assert_eq!(chosen, Some(0.7));
+        let at = |y: f32| table.iter().find(|r| r.yes == y).expect("row");
+        assert!((at(0.6).added_false_positives - 0.01).abs() < 1e-9);
+        assert!((at(0.7).added_false_positives - 0.005).abs() < 1e-9);
+        // at 0.7: the 4 flagged and the asked ones with yes >= 0.7 (0.70, 0.75, 0.80)
+        assert!(
+            (at(0.7).detected - 0.7).abs() < 1e-6,
+            "{}",
+            at(0.7).detected
+        );
+        assert!((at(0.5).detected - 1.0).abs() < 1e-9);
+    }
+}

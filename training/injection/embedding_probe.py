@@ -1,0 +1,182 @@
+"""What MiniLM embeddings add to the injection classifier (a measurement, not shipped).
+
+Every question and every chunk already gets a MiniLM embedding (all-MiniLM-L6-v2, the
+retrieval model). This script asks how much an injection head on that vector adds to the
+shipped n-gram classifier: it embeds every text of the data set and the held-out files
+(whole texts, as retrieval does: mean pooling, unit length, 128 tokens), trains a head on
+the train split (logistic regression, or a one-hidden-layer MLP with --hidden N), picks the
+head's threshold on the **dev** split only (the lowest at which the head adds at most
+--added false positives to each of --dev-benign's dev categories, beyond what the n-gram
+classifier flags), and reports the test split, the held-out files and the evaluation-only
+sets with the n-gram classifier alone, the head alone and the two together (flagged when
+either flags). The n-gram scores come from the docent binary (`eval-injection --text`).
+
+    models/.venv/bin/python training/injection/embedding_probe.py --hidden 64
+
+Needs numpy, onnxruntime and tokenizers (the setup step's models/.venv has them) and
+`make setup`'s models/all-MiniLM-L6-v2/model.onnx. Nothing here is fitted to the held-out
+or the public sets.
+"""
+
+import argparse
+import json
+import math
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+
+
+def embed(texts, model_dir, batch=64):
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tok.enable_truncation(max_length=128)
+    tok.enable_padding()
+    so = ort.SessionOptions()
+    sess = ort.InferenceSession(str(model_dir / "model.onnx"), so)
+    names = [i.name for i in sess.get_inputs()]
+    out = np.zeros((len(texts), 384), np.float32)
+    order = np.argsort([len(t) for t in texts])
+    for i in range(0, len(texts), batch):
+        idx = order[i:i + batch]
+        enc = tok.encode_batch([texts[j] for j in idx])
+        ids = np.array([e.ids for e in enc], np.int64)
+        mask = np.array([e.attention_mask for e in enc], np.int64)
+        feed = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in names:
+            feed["token_type_ids"] = np.zeros_like(ids)
+        h = sess.run(None, feed)[0]
+        m = mask[..., None].astype(np.float32)
+        v = (h * m).sum(1) / m.sum(1)
+        out[idx] = v / np.linalg.norm(v, axis=1, keepdims=True)
+    return out
+
+
+def ngram_scores(texts, docent):
+    """The shipped classifier's probability for each text, and its threshold."""
+    scores, threshold = [], None
+    for i in range(0, len(texts), 300):
+        args = [docent, "eval-injection"] + ["--text=" + t for t in texts[i:i + 300]]
+        out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, check=True).stdout
+        got = re.findall(r"^(\d\.\d+) (?:clean|flagged) \(threshold (\d\.\d+)\)", out, re.M)
+        if len(got) != len(texts[i:i + 300]):
+            raise SystemExit(f"docent scored {len(got)} of {len(texts[i:i + 300])} texts")
+        scores += [float(s) for s, _ in got]
+        threshold = float(got[0][1])
+    return np.array(scores), threshold
+
+
+def train(X, y, hidden, steps=800, l2=1e-4, seed=0):
+    """Full-batch Adam on the class-weighted log loss; returns the scoring function."""
+    rng = np.random.default_rng(seed)
+    w = np.where(y == 1, 0.5 / y.mean(), 0.5 / (1 - y.mean())) / len(y)
+    if hidden:
+        P = {"W1": (rng.standard_normal((X.shape[1], hidden)) * 0.05).astype(np.float32),
+             "b1": np.zeros(hidden, np.float32), "W2": np.zeros(hidden, np.float32), "b": np.float32(0)}
+        lr = 0.01
+    else:
+        P = {"W": np.zeros(X.shape[1], np.float32), "b": np.float32(0)}
+        lr, steps = 0.05, 500
+
+    def forward(Z):
+        if hidden:
+            a = Z @ P["W1"] + P["b1"]
+            return np.maximum(a, 0) @ P["W2"] + P["b"], a
+        return Z @ P["W"] + P["b"], None
+
+    m, v = {}, {}
+    for t in range(1, steps + 1):
+        z, a = forward(X)
+        g = (1 / (1 + np.exp(-z)) - y) * w
+        if hidden:
+            h = np.maximum(a, 0)
+            gh = np.outer(g, P["W2"]) * (a > 0)
+            G = {"W2": h.T @ g + l2 * P["W2"], "b": g.sum(), "W1": X.T @ gh + l2 * P["W1"], "b1": gh.sum(0)}
+        else:
+            G = {"W": X.T @ g + l2 * P["W"], "b": g.sum()}
+        for k in P:
+            m[k] = 0.9 * m.get(k, 0) + 0.1 * G[k]
+            v[k] = 0.999 * v.get(k, 0) + 0.001 * G[k] ** 2
+            P[k] = P[k] - lr * (m[k] / (1 - 0.9 ** t)) / (np.sqrt(v[k] / (1 - 0.999 ** t)) + 1e-8)
+    return lambda Z: forward(Z)[0]
+
+
+def wilson(k, n, z=1.96):
+    if n == 0:
+        return (0.0, 0.0)
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return (100 * max(0.0, c - h), 100 * min(1.0, c + h))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default=str(HERE / "dataset.jsonl"))
+    ap.add_argument("--heldout", default=str(HERE / "heldout"))
+    ap.add_argument("--model-dir", default=str(ROOT / "models/all-MiniLM-L6-v2"))
+    ap.add_argument("--docent", default=str(Path.home() / ".cache/docent-target/debug/docent"))
+    ap.add_argument("--cache", default="/tmp/docent-injection-embeddings.npy")
+    ap.add_argument("--hidden", type=int, default=64, help="hidden units (0: logistic regression)")
+    ap.add_argument("--dev-benign", default="benign_question,benign_chunk,benign_email",
+                    help="dev categories the head may add false positives to, at most --added each")
+    ap.add_argument("--added", type=float, default=0.003)
+    args = ap.parse_args()
+
+    rows = [json.loads(l) for l in open(args.data, encoding="utf-8")]
+    for f in sorted(Path(args.heldout).glob("*.jsonl")):
+        for l in open(f, encoding="utf-8"):
+            r = json.loads(l)
+            rows.append({"text": r["text"], "label": r["label"], "split": "held out", "category": f.stem})
+    texts = [r["text"] for r in rows]
+    cache = Path(args.cache)
+    if cache.exists() and np.load(cache).shape[0] == len(texts):
+        E = np.load(cache)
+    else:
+        E = embed(texts, Path(args.model_dir))
+        np.save(cache, E)
+    ng, ng_threshold = ngram_scores(texts, args.docent)
+    ng_flag = ng >= ng_threshold
+
+    split = np.array([r["split"] for r in rows])
+    label = np.array([r["label"] for r in rows])
+    cat = np.array([r["category"] for r in rows])
+    tr = split == "train"
+    head = train(E[tr], label[tr].astype(np.float32), args.hidden)
+    score = head(E)
+
+    # the threshold, on dev only: the lowest score at which the head adds at most --added
+    # false positives to each named benign dev category
+    benign = args.dev_benign.split(",")
+    threshold = None
+    for t in np.unique(score[(split == "dev") & (label == 0)])[::-1]:
+        if any(((score >= t) & ~ng_flag)[(split == "dev") & (cat == c)].mean() > args.added + 1e-12
+               for c in benign):
+            break
+        threshold = t
+    if threshold is None:
+        raise SystemExit("no threshold keeps the dev categories within --added")
+    head_flag = score >= threshold
+    print(f"head: {'MLP, ' + str(args.hidden) + ' hidden' if args.hidden else 'logistic'}; "
+          f"threshold {threshold:.3f} chosen on dev ({args.dev_benign}: at most "
+          f"{100 * args.added:.1f} % added each); n-gram threshold {ng_threshold}")
+    print(f"{'source':9} {'category':26} {'texts':>5} {'n-grams':>8} {'head':>6} {'either':>8} {'95 % interval':>15}")
+    for s in ["test", "held out", "eval"]:
+        for c in sorted(set(cat[split == s])):
+            sel = (split == s) & (cat == c)
+            n = int(sel.sum())
+            either = int((ng_flag | head_flag)[sel].sum())
+            lo, hi = wilson(either, n)
+            print(f"{s:9} {c:26} {n:5} {100 * ng_flag[sel].mean():7.1f}% {100 * head_flag[sel].mean():5.1f}% "
+                  f"{100 * either / n:7.1f}% [{lo:5.1f}, {hi:5.1f}]")
+
+
+if __name__ == "__main__":
+    main()
