@@ -168,6 +168,9 @@ pub enum Command {
         /// With --e2e: write every answer here (JSON lines).
         #[arg(long)]
         dump: Option<PathBuf>,
+        /// Leave out the embedding head's column (no embedding model is loaded).
+        #[arg(long)]
+        no_embedding_head: bool,
         /// Measure the second stage instead: texts the built-in classifier scores this far
         /// below its threshold are asked of the configured model.
         #[arg(long)]

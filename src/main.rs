@@ -152,6 +152,7 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             defences,
             dump,
             model_check,
+            no_embedding_head,
             json,
         } => {
             if let Some(band) = model_check {
@@ -198,7 +199,15 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
                     Some(p) => docent::tools::eval::safety::load_model(p)?,
                     None => docent::query::safety::classifier::BUILTIN.clone(),
                 };
-                for t in &text {
+                // the embedding head's verdict too, as the service reads a question
+                let vectors = if no_embedding_head {
+                    None
+                } else {
+                    let refs: Vec<&str> = text.iter().map(String::as_str).collect();
+                    Some(docent::server::startup::embedder(&config)?.embed_dense(&refs)?)
+                };
+                let head = &*docent::query::safety::dense::BUILTIN;
+                for (i, t) in text.iter().enumerate() {
                     let (score, piece) = m.score_with_piece(t);
                     let flagged = if score >= m.threshold {
                         "flagged"
@@ -209,11 +218,31 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
                         "{score:.4} {flagged} (threshold {:.3}): {piece}",
                         m.threshold
                     );
+                    if let Some(z) = vectors.as_ref().and_then(|v| head.logit(&v[i])) {
+                        let verdict = if z >= head.threshold {
+                            "flagged"
+                        } else {
+                            "clean"
+                        };
+                        println!(
+                            "  embedding head: {z:.3} {verdict} (threshold {:.3})",
+                            head.threshold
+                        );
+                    }
                 }
                 return Ok(ExitCode::SUCCESS);
             }
-            let report =
-                docent::tools::eval::safety::injection(&dataset, &heldout, model.as_deref())?;
+            let embedder = if no_embedding_head {
+                None
+            } else {
+                Some(docent::server::startup::embedder(&config)?)
+            };
+            let report = docent::tools::eval::safety::injection(
+                &dataset,
+                &heldout,
+                model.as_deref(),
+                embedder.as_ref(),
+            )?;
             print_report(&report, json)
         }
         Command::TrainInjection {

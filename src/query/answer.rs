@@ -123,7 +123,24 @@ impl QueryEngine {
     /// Retrieval, refusal, cache and prompt: everything before the model runs.
     async fn prepare(&self, q: ValidQuery, started: Instant) -> Result<Prepared, QueryError> {
         let mut safety = SafetyReport::default();
-        if self.safety.question(&q.search.question, &mut safety) {
+        // the question's embedding, made first when the embedding head reads it (retrieval
+        // then uses the same one)
+        let embedded_at = Instant::now();
+        let embedded = if self.safety.config.embedding_check {
+            Some(
+                self.index
+                    .embed_query(&q.search.question)
+                    .await
+                    .map_err(QueryError::from)?,
+            )
+        } else {
+            None
+        };
+        let vector = embedded.as_ref().map(|e| e.dense.as_slice());
+        if self
+            .safety
+            .question(&q.search.question, vector, &mut safety)
+        {
             let response = self.withheld(safety, Usage::default());
             return Ok(Prepared::ready(response, None));
         }
@@ -173,7 +190,12 @@ impl QueryEngine {
             })?),
         };
         let mode = q.search.mode;
-        let (retrieved, scores) = self.retrieve(q.search.clone()).await?;
+        let (retrieved, scores) = self
+            .retrieve_with(
+                q.search.clone(),
+                embedded.as_ref().map(|e| (e, embedded_at)),
+            )
+            .await?;
         let relevant = crate::query::retrieve::relevance(
             retrieved.best_dense,
             retrieved.coverage,

@@ -105,10 +105,28 @@ impl QueryEngine {
     /// The retrieve stage for both endpoints: ranked chunks with their scores,
     /// neighbours joined.
     async fn retrieve(&self, s: ValidSearch) -> Result<(Retrieved, Vec<Scores>), QueryError> {
-        let (mut retrieved, scores) = self
-            .index
-            .retrieve_scored(&s.question, s.top_k, s.mode, &s.filter)
-            .await?;
+        self.retrieve_with(s, None).await
+    }
+
+    /// [`Self::retrieve`], with the question's embedding when it was made already (at the
+    /// instant given).
+    async fn retrieve_with(
+        &self,
+        s: ValidSearch,
+        embedded: Option<(&docent_ingest::embed::Embedding, std::time::Instant)>,
+    ) -> Result<(Retrieved, Vec<Scores>), QueryError> {
+        let (mut retrieved, scores) = match embedded {
+            Some((query, started)) => {
+                self.index
+                    .retrieve_embedded(query, started, s.top_k, s.mode, &s.filter)
+                    .await?
+            }
+            None => {
+                self.index
+                    .retrieve_scored(&s.question, s.top_k, s.mode, &s.filter)
+                    .await?
+            }
+        };
         if s.term_weight > 0.0 {
             // the chunks as retrieved, before their neighbours are joined
             let texts = retrieved.hits.iter().map(|h| h.payload.text.as_str());

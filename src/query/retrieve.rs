@@ -167,11 +167,25 @@ impl Index {
     ) -> docent_ingest::Result<(Retrieved, Vec<Scores>)> {
         let started = Instant::now();
         let query = self.embed_query(question).await?;
+        self.retrieve_embedded(&query, started, top_k, mode, only)
+            .await
+    }
+
+    /// [`Self::retrieve_scored`] for a question embedded already (at `started`: the
+    /// retrieval time counts from there).
+    pub async fn retrieve_embedded(
+        &self,
+        query: &Embedding,
+        started: Instant,
+        top_k: usize,
+        mode: SearchMode,
+        only: &SearchFilter,
+    ) -> docent_ingest::Result<(Retrieved, Vec<Scores>)> {
         let Ranked {
             hits,
             dense,
             sparse,
-        } = self.rank(&query, top_k, mode, only).await?;
+        } = self.rank(query, top_k, mode, only).await?;
         let score_in = |list: &[(u64, f32)], h: &Hit| {
             let id = point_id(&h.payload.document_id, h.payload.chunk_index);
             list.iter().find(|c| c.0 == id).map(|c| c.1)

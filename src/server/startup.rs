@@ -21,19 +21,24 @@ use crate::query::QueryEngine;
 /// Most questions embedded in one run (see [`crate::query::embed::QueryBatcher`]).
 const QUERY_BATCH: usize = 16;
 
-/// Opens the embedder and the store (what both ingest and query need): the embedded
-/// engine in `data_dir`, or the Qdrant server `[store]` names.
-pub async fn open_index(config: &Config) -> anyhow::Result<Index> {
+/// The embedding model `[embedding]` names, its files checked first.
+pub fn embedder(config: &Config) -> anyhow::Result<Embedder> {
     config.check_embedding_files()?;
     let e = &config.embedding;
-    let embedder = Arc::new(Embedder::load(EmbedderConfig {
+    Ok(Embedder::load(EmbedderConfig {
         model_dir: e.model_dir.clone(),
         ort_library: e.ort_library.clone(),
         max_length: e.max_length,
         threads: e.threads,
         batch_size: e.batch_size,
         bm25: e.bm25,
-    })?);
+    })?)
+}
+
+/// Opens the embedder and the store (what both ingest and query need): the embedded
+/// engine in `data_dir`, or the Qdrant server `[store]` names.
+pub async fn open_index(config: &Config) -> anyhow::Result<Index> {
+    let embedder = Arc::new(embedder(config)?);
     let location = config.store.location(&config.data_dir);
     let engine = docent_ingest::store::open_index(&location, embedder.dim()).await?;
     let store = Arc::new(

@@ -134,6 +134,10 @@ pub struct InjectionRow {
     pub classifier: f64,
     /// Wilson 95 % interval of `classifier`.
     pub classifier_interval: (f64, f64),
+    /// Flagged by the classifier or the embedding head on the text's MiniLM vector (what
+    /// the service does with a question; `None` when no embedder was given).
+    pub as_question: Option<f64>,
+    pub as_question_interval: Option<(f64, f64)>,
 }
 
 /// What a rate of texts of `label` measures.
@@ -252,16 +256,20 @@ fn load_sets_with(dataset: &Path, heldout: &Path, dev: bool) -> anyhow::Result<S
     Ok(sets)
 }
 
-/// `model`: a model file to score with instead of the one built in.
+/// `model`: a model file to score with instead of the one built in; `embedder`: the
+/// retrieval model, to measure the embedding head ([`crate::query::safety::dense`]) beside
+/// the classifier, as the service runs it on questions.
 pub fn injection(
     dataset: &Path,
     heldout: &Path,
     model: Option<&Path>,
+    embedder: Option<&docent_ingest::embed::Embedder>,
 ) -> anyhow::Result<InjectionReport> {
     use crate::query::safety::classifier::BUILTIN;
     let sets = load_sets(dataset, heldout)?;
     let loaded = model.map(load_model).transpose()?;
     let m = loaded.as_ref().unwrap_or(&*BUILTIN);
+    let head = &*crate::query::safety::dense::BUILTIN;
     let mut rows = Vec::new();
     for (source, category, texts) in &sets {
         for label in [1u8, 0] {
@@ -269,10 +277,24 @@ pub fn injection(
             if of.is_empty() {
                 continue;
             }
-            let (mut r, mut c) = (0usize, 0usize);
-            for t in &of {
+            let (mut r, mut c, mut q) = (0usize, 0usize, 0usize);
+            let vectors = match embedder {
+                Some(e) => {
+                    let mut all = Vec::with_capacity(of.len());
+                    for batch in of.chunks(64) {
+                        let refs: Vec<&str> = batch.iter().map(|t| t.text.as_str()).collect();
+                        all.extend(e.embed_dense(&refs)?);
+                    }
+                    Some(all)
+                }
+                None => None,
+            };
+            for (i, t) in of.iter().enumerate() {
                 r += usize::from(injection_score(&t.text).0 >= INJECTION_THRESHOLD);
-                c += usize::from(m.score(&t.text) >= m.threshold);
+                let flagged = m.score(&t.text) >= m.threshold;
+                c += usize::from(flagged);
+                let dense = vectors.as_ref().is_some_and(|v| head.flags(&v[i]));
+                q += usize::from(flagged || dense);
             }
             let n = of.len() as f64;
             rows.push(InjectionRow {
@@ -283,6 +305,8 @@ pub fn injection(
                 rules: r as f64 / n,
                 classifier: c as f64 / n,
                 classifier_interval: wilson(c, of.len()),
+                as_question: vectors.as_ref().map(|_| q as f64 / n),
+                as_question_interval: vectors.as_ref().map(|_| wilson(q, of.len())),
             });
         }
     }
@@ -329,21 +353,34 @@ impl fmt::Display for InjectionReport {
         )?;
         writeln!(
             f,
-            "{:<11} {:<24} {:>6} {:>8} {:>10} {:>15}  measures",
-            "source", "category", "texts", "rules", "classifier", "95 % interval"
+            "{:<11} {:<24} {:>6} {:>8} {:>10} {:>15} {:>24}  measures",
+            "source",
+            "category",
+            "texts",
+            "rules",
+            "classifier",
+            "95 % interval",
+            "+ embedding head (as questions)"
         )?;
         for r in &self.rows {
             let what = measures(r.label);
             let (lo, hi) = r.classifier_interval;
+            let head = match (r.as_question, r.as_question_interval) {
+                (Some(q), Some((lo, hi))) => {
+                    format!("{:.1}% [{:.1}, {:.1}]", 100.0 * q, 100.0 * lo, 100.0 * hi)
+                }
+                _ => "-".into(),
+            };
             writeln!(
                 f,
-                "{:<11} {:<24} {:>6} {:>7.1}% {:>9.1}% {:>15}  {what}",
+                "{:<11} {:<24} {:>6} {:>7.1}% {:>9.1}% {:>15} {:>24}  {what}",
                 r.source,
                 r.category,
                 r.texts,
                 100.0 * r.rules,
                 100.0 * r.classifier,
                 format!("[{:.1}, {:.1}]", 100.0 * lo, 100.0 * hi),
+                head,
             )?;
         }
         writeln!(

@@ -1,21 +1,21 @@
-"""What MiniLM embeddings add to the injection classifier (a measurement, not shipped).
+"""The injection detector's embedding head: trained here, shipped in the binary.
 
 Every question and every chunk already gets a MiniLM embedding (all-MiniLM-L6-v2, the
-retrieval model). This script asks how much an injection head on that vector adds to the
-shipped n-gram classifier: it embeds every text of the data set and the held-out files
-(whole texts, as retrieval does: mean pooling, unit length, 128 tokens), trains a head on
-the train split (logistic regression, or a one-hidden-layer MLP with --hidden N), picks the
-head's threshold on the **dev** split only (the lowest at which the head adds at most
---added false positives to each of --dev-benign's dev categories, beyond what the n-gram
-classifier flags), and reports the test split, the held-out files and the evaluation-only
-sets with the n-gram classifier alone, the head alone and the two together (flagged when
-either flags). The n-gram scores come from the docent binary (`eval-injection --text`).
+retrieval model). This script trains a head on that vector: it embeds every text of the data
+set and the held-out files (whole texts, as retrieval does: mean pooling, unit length, the
+service's 256 tokens), trains a one-hidden-layer MLP (--hidden N; 0: logistic regression) on
+the train split, picks the head's threshold on the **dev** split only (the lowest at which the
+head adds at most --added false positives to each of --dev-benign's dev categories, beyond
+what the n-gram classifier flags), writes the head (--out; `src/query/safety/dense.rs` reads
+it) and reports the test split, the held-out files and the evaluation-only sets with the
+n-gram classifier alone, the head alone and the two together (flagged when either flags).
+The n-gram scores come from the docent binary (`eval-injection --text`).
 
-    models/.venv/bin/python training/injection/embedding_probe.py --hidden 64
+    models/.venv/bin/python training/injection/dense_head.py --out src/query/safety/injection_dense.model
 
 Needs numpy, onnxruntime and tokenizers (the setup step's models/.venv has them) and
-`make setup`'s models/all-MiniLM-L6-v2/model.onnx. Nothing here is fitted to the held-out
-or the public sets.
+`make setup`'s models/all-MiniLM-L6-v2/model.onnx. Deterministic (fixed seed). Nothing here
+is fitted to the held-out or the public sets.
 """
 
 import argparse
@@ -31,14 +31,15 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 
 
-def embed(texts, model_dir, batch=64):
+def embed(texts, model_dir, max_length, batch=64):
     import onnxruntime as ort
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    tok.enable_truncation(max_length=128)
+    tok.enable_truncation(max_length=max_length)
     tok.enable_padding()
     so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
     sess = ort.InferenceSession(str(model_dir / "model.onnx"), so)
     names = [i.name for i in sess.get_inputs()]
     out = np.zeros((len(texts), 384), np.float32)
@@ -62,7 +63,7 @@ def ngram_scores(texts, docent):
     """The shipped classifier's probability for each text, and its threshold."""
     scores, threshold = [], None
     for i in range(0, len(texts), 300):
-        args = [docent, "eval-injection"] + ["--text=" + t for t in texts[i:i + 300]]
+        args = [docent, "eval-injection", "--no-embedding-head"] + ["--text=" + t for t in texts[i:i + 300]]
         out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, check=True).stdout
         got = re.findall(r"^(\d\.\d+) (?:clean|flagged) \(threshold (\d\.\d+)\)", out, re.M)
         if len(got) != len(texts[i:i + 300]):
@@ -104,7 +105,24 @@ def train(X, y, hidden, steps=800, l2=1e-4, seed=0):
             m[k] = 0.9 * m.get(k, 0) + 0.1 * G[k]
             v[k] = 0.999 * v.get(k, 0) + 0.001 * G[k] ** 2
             P[k] = P[k] - lr * (m[k] / (1 - 0.9 ** t)) / (np.sqrt(v[k] / (1 - 0.999 ** t)) + 1e-8)
-    return lambda Z: forward(Z)[0]
+    return (lambda Z: forward(Z)[0]), P
+
+
+def write_head(path, P, hidden, threshold):
+    """`DOCPD001`, then u32 LE dim, u32 LE hidden, f32 LE threshold (a logit), then f32 LE:
+    W1 (hidden rows of dim values), b1 (hidden), W2 (hidden), b. MLP heads only."""
+    if not hidden:
+        raise SystemExit("--out needs an MLP head (--hidden N > 0)")
+    import struct
+    dim = P["W1"].shape[0]
+    with open(path, "wb") as f:
+        f.write(b"DOCPD001")
+        f.write(struct.pack("<IIf", dim, hidden, threshold))
+        f.write(np.ascontiguousarray(P["W1"].T, dtype="<f4").tobytes())
+        f.write(np.asarray(P["b1"], dtype="<f4").tobytes())
+        f.write(np.asarray(P["W2"], dtype="<f4").tobytes())
+        f.write(np.asarray([P["b"]], dtype="<f4").tobytes())
+    print(f"wrote {path} ({path.stat().st_size} bytes)")
 
 
 def wilson(k, n, z=1.96):
@@ -123,7 +141,9 @@ def main():
     ap.add_argument("--heldout", default=str(HERE / "heldout"))
     ap.add_argument("--model-dir", default=str(ROOT / "models/all-MiniLM-L6-v2"))
     ap.add_argument("--docent", default=str(Path.home() / ".cache/docent-target/debug/docent"))
-    ap.add_argument("--cache", default="/tmp/docent-injection-embeddings.npy")
+    ap.add_argument("--max-length", type=int, default=256, help="tokens, as the service embeds")
+    ap.add_argument("--cache", default="/tmp/docent-injection-embeddings-{}.npy")
+    ap.add_argument("--out", help="write the head here (DOCPD001, read by src/query/safety/dense.rs)")
     ap.add_argument("--hidden", type=int, default=64, help="hidden units (0: logistic regression)")
     ap.add_argument("--dev-benign", default="benign_question,benign_chunk,benign_email",
                     help="dev categories the head may add false positives to, at most --added each")
@@ -136,11 +156,11 @@ def main():
             r = json.loads(l)
             rows.append({"text": r["text"], "label": r["label"], "split": "held out", "category": f.stem})
     texts = [r["text"] for r in rows]
-    cache = Path(args.cache)
+    cache = Path(args.cache.format(args.max_length))
     if cache.exists() and np.load(cache).shape[0] == len(texts):
         E = np.load(cache)
     else:
-        E = embed(texts, Path(args.model_dir))
+        E = embed(texts, Path(args.model_dir), args.max_length)
         np.save(cache, E)
     ng, ng_threshold = ngram_scores(texts, args.docent)
     ng_flag = ng >= ng_threshold
@@ -149,7 +169,7 @@ def main():
     label = np.array([r["label"] for r in rows])
     cat = np.array([r["category"] for r in rows])
     tr = split == "train"
-    head = train(E[tr], label[tr].astype(np.float32), args.hidden)
+    head, params = train(E[tr], label[tr].astype(np.float32), args.hidden)
     score = head(E)
 
     # the threshold, on dev only: the lowest score at which the head adds at most --added
@@ -164,6 +184,8 @@ def main():
     if threshold is None:
         raise SystemExit("no threshold keeps the dev categories within --added")
     head_flag = score >= threshold
+    if args.out:
+        write_head(Path(args.out), params, args.hidden, float(threshold))
     print(f"head: {'MLP, ' + str(args.hidden) + ' hidden' if args.hidden else 'logistic'}; "
           f"threshold {threshold:.3f} chosen on dev ({args.dev_benign}: at most "
           f"{100 * args.added:.1f} % added each); n-gram threshold {ng_threshold}")
