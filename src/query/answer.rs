@@ -123,24 +123,8 @@ impl QueryEngine {
     /// Retrieval, refusal, cache and prompt: everything before the model runs.
     async fn prepare(&self, q: ValidQuery, started: Instant) -> Result<Prepared, QueryError> {
         let mut safety = SafetyReport::default();
-        // the question's embedding, made first when the embedding head reads it (retrieval
-        // then uses the same one)
-        let embedded_at = Instant::now();
-        let embedded = if self.safety.config.embedding_check {
-            Some(
-                self.index
-                    .embed_query(&q.search.question)
-                    .await
-                    .map_err(QueryError::from)?,
-            )
-        } else {
-            None
-        };
-        let vector = embedded.as_ref().map(|e| e.dense.as_slice());
-        if self
-            .safety
-            .question(&q.search.question, vector, &mut safety)
-        {
+        // the question's words first (no embedding needed to block them)
+        if self.safety.question(&q.search.question, &mut safety) {
             let response = self.withheld(safety, Usage::default());
             return Ok(Prepared::ready(response, None));
         }
@@ -190,6 +174,20 @@ impl QueryEngine {
             })?),
         };
         let mode = q.search.mode;
+        // then its meaning, when the embedding head reads it: the question is embedded here
+        // and retrieval uses the same vector (a cached answer passed this check already)
+        let embedded_at = Instant::now();
+        let embedded = if self.safety.config.embedding_check {
+            Some(self.index.embed_query(&q.search.question).await?)
+        } else {
+            None
+        };
+        if let Some(e) = &embedded {
+            if self.safety.question_vector(&e.dense, &mut safety) {
+                let response = self.withheld(safety, Usage::default());
+                return Ok(Prepared::ready(response, None));
+            }
+        }
         let (retrieved, scores) = self
             .retrieve_with(
                 q.search.clone(),

@@ -102,6 +102,19 @@ pub async fn query_engine(config: &Config, index: Index) -> anyhow::Result<Query
         .spotlight(config.safety.spotlight)
         .refusal_phrase(&config.generation.refusal_phrase);
     let generator = Generator::load(&config.generation).await?;
+    let mut safety = config.safety.clone();
+    if safety.embedding_check {
+        // the embedding head reads vectors of the model it was trained on, only
+        let head = &*crate::query::safety::dense::BUILTIN;
+        let probe = index.embedder.embed_dense(&[head.probe.as_str()])?;
+        if !probe.first().is_some_and(|v| head.fits(v)) {
+            tracing::warn!(
+                model_dir = %config.embedding.model_dir.display(),
+                "safety.embedding_check is off: the embedding model is not the one the injection head was trained on (all-MiniLM-L6-v2)"
+            );
+            safety.embedding_check = false;
+        }
+    }
     Ok(QueryEngine::new(
         index,
         prompts,
@@ -109,8 +122,7 @@ pub async fn query_engine(config: &Config, index: Index) -> anyhow::Result<Query
         config.limits(),
         config.generation.max_queue,
         config.generation.cache_size,
-        crate::query::safety::Filter::new(config.safety.clone())
-            .map_err(|e| anyhow::anyhow!("safety: {e}"))?,
+        crate::query::safety::Filter::new(safety).map_err(|e| anyhow::anyhow!("safety: {e}"))?,
     ))
 }
 
