@@ -907,12 +907,6 @@ impl Filter {
         Ok(Filter { config, deny })
     }
 
-    /// Whether the embedding head ([`dense`]) flags `vector` (never when it is off or
-    /// there is no vector).
-    pub fn embedding_flags(&self, vector: Option<&[f32]>) -> bool {
-        self.config.embedding_check && vector.is_some_and(|v| dense::BUILTIN.flags(v))
-    }
-
     /// The question's words: reported when the classifier finds instructions in them;
     /// true when it is blocked.
     pub fn question(&self, question: &str, report: &mut SafetyReport) -> bool {
@@ -929,7 +923,7 @@ impl Filter {
             .reasons
             .iter()
             .any(|r| r == "prompt_injection:question");
-        if !reported && self.embedding_flags(Some(vector)) {
+        if !reported && self.config.embedding_check && dense::BUILTIN.flags(vector) {
             self.flag_question(report);
         }
         report.blocked
