@@ -210,6 +210,8 @@ pub enum Command {
     Bench(Bench),
 }
 
+// Parsed once per process: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 pub enum Bench {
     /// Ingest a corpus end to end into a temporary index; beside it, the same chunks
@@ -329,6 +331,14 @@ pub enum Bench {
         /// Concurrent clients for the throughput table (`--clients` with no value: skip).
         #[arg(long, default_value = "1,4,16", value_delimiter = ',', num_args = 0..)]
         clients: Vec<usize>,
+        /// Workloads of the throughput table: `rag` (300-token prompts, 32 new tokens),
+        /// `chat` (24–80-token prompts, 128 new).
+        #[arg(long, default_value = "rag,chat", value_delimiter = ',')]
+        workloads: Vec<String>,
+        /// Schedules of the throughput table: `arrival` and `cohort` (`generation.schedule`,
+        /// with continuous batching), `off` (no continuous batching).
+        #[arg(long, default_value = "arrival,cohort,off", value_delimiter = ',')]
+        schedules: Vec<String>,
         /// Distinct prompts for the memory check (0: skip).
         #[arg(long, default_value_t = 1000)]
         memory: usize,

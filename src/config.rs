@@ -588,6 +588,7 @@ impl Default for Config {
                 repack: true,
                 continuous_batching: true,
                 prefill_chunk_tokens: default_prefill_chunk(),
+                schedule: Default::default(),
                 max_queue: default_max_queue(),
                 cache_size: crate::query::generate::default_cache_size(),
                 answer_mode: crate::query::AnswerMode::Generative,

@@ -188,6 +188,9 @@ pub struct GenerationConfig {
     /// that are streaming keep going while a long prompt is read (0: whole prompts).
     #[serde(default = "default_prefill_chunk")]
     pub prefill_chunk_tokens: usize,
+    /// With continuous batching, the order in which prompts start (see [`Schedule`]).
+    #[serde(default)]
+    pub schedule: Schedule,
     /// Answers generating or waiting for the engine at once; more get 429 with
     /// `Retry-After`.
     #[serde(default = "default_max_queue")]
@@ -216,6 +219,29 @@ pub struct GenerationConfig {
     #[serde(default)]
     pub refusal_check: RefusalCheck,
 }
+
+/// With continuous batching, which waiting prompt is read next. Every step decodes all the
+/// answers under way together and reads one prompt (chunk) beside them, so each prompt read
+/// slows the answers already decoding to one token per chunk.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Schedule {
+    /// Prompts start in order of arrival, whatever is decoding.
+    Arrival,
+    /// Prompts start in cohorts: the prompts waiting when one starts are read one after
+    /// another; a prompt that arrives after them waits until fewer than
+    /// [`COHORT_ADMIT_BELOW`] answers decode, then starts the next cohort. Under a burst the
+    /// answers of a cohort finish together in batched steps instead of one token per prompt
+    /// chunk; a prompt arriving under load waits longer for its first token. The default:
+    /// on the RAG workload at 16 clients the slowest request took 28–30 s against 44–49 s in
+    /// order of arrival, at the same throughput (docs/benchmarks.md, "Cohorts").
+    #[default]
+    Cohort,
+}
+
+/// [`Schedule::Cohort`]: a newer prompt starts once fewer answers than this decode (the tail
+/// of a cohort, too few for a batched step to pay for the wait).
+pub const COHORT_ADMIT_BELOW: usize = 4;
 
 /// How the model's judgement that the passages do not hold the answer is read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -762,6 +788,10 @@ impl Generator {
             config.prefill_chunk_tokens
         } else {
             0
+        });
+        mistralrs::core::set_cpu_cohort_scheduling(match config.schedule {
+            Schedule::Cohort if batching => COHORT_ADMIT_BELOW,
+            _ => 0,
         });
         let device_choice: device::DeviceChoice = config
             .device

@@ -7,7 +7,7 @@
 mod helpers;
 
 use docent::config::{Config, GenerationConfig};
-use docent::query::generate::{cpu_kernels, Generator};
+use docent::query::generate::{cpu_kernels, Generator, Schedule, StreamEvent};
 use docent::tools::bench::generate::stall;
 
 use helpers::{models, shared};
@@ -171,6 +171,69 @@ async fn decoding_continues_while_a_long_prompt_is_read() {
         pause_chunked * 3 < pause_whole,
         "chunked {pause_chunked:?} vs whole {pause_whole:?}"
     );
+}
+
+/// Five answers decode; a sixth prompt arrives. In order of arrival it is read at once, beside
+/// them; in cohorts it waits until fewer than `COHORT_ADMIT_BELOW` (4) of them decode, i.e.
+/// until the two shortest have ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_prompt_waits_for_the_cohort_to_drain() {
+    let _turn = KNOBS.lock().await;
+    assert_eq!(docent::query::generate::COHORT_ADMIT_BELOW, 4);
+    let mut c = stories();
+    c.continuous_batching = true;
+    c.prefill_chunk_tokens = 0;
+    c.prefix_cache = false;
+    for schedule in [Schedule::Cohort, Schedule::Arrival] {
+        c.schedule = schedule;
+        let generator = std::sync::Arc::new(Generator::load(&c).await.expect("load stories260K"));
+        let (decoding, mut started) = tokio::sync::mpsc::channel::<()>(8);
+        let lengths = [60, 90, 160, 200, 240];
+        let answers: Vec<_> = lengths
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let (g, decoding) = (generator.clone(), decoding.clone());
+                tokio::spawn(async move {
+                    let mut stream = g.stream_tokens(prompt(3 * i as u32, 8), n).await?;
+                    let mut first = true;
+                    while let Some(event) = stream.next().await {
+                        if let (StreamEvent::Delta(_), true) = (event?, first) {
+                            first = false;
+                            let _ = decoding.send(()).await;
+                        }
+                    }
+                    Ok::<_, docent::query::generate::GenerateError>(std::time::Instant::now())
+                })
+            })
+            .collect();
+        for _ in &lengths {
+            started.recv().await.expect("every answer decodes");
+        }
+        generator
+            .complete_tokens(prompt(200, 8), 1)
+            .await
+            .expect("the sixth prompt");
+        let sixth = std::time::Instant::now();
+        let mut ended_before = 0;
+        for a in answers {
+            ended_before += usize::from(a.await.unwrap().expect("an answer") < sixth);
+        }
+        eprintln!(
+            "{schedule:?}: {ended_before} of 5 answers ended before the sixth prompt's token"
+        );
+        match schedule {
+            Schedule::Cohort => assert!(
+                ended_before >= 2,
+                "in cohorts the sixth prompt started while {} answers decoded",
+                5 - ended_before
+            ),
+            Schedule::Arrival => assert_eq!(
+                ended_before, 0,
+                "in order of arrival the sixth prompt waited for {ended_before} answers"
+            ),
+        }
+    }
 }
 
 /// An F16 KV cache: the attention runs on the F16 kernel, and stories260K still tells

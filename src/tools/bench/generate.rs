@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{DraftConfig, GenerationConfig};
-use crate::query::generate::{GenerateError, Generator, StreamEvent};
+use crate::query::generate::{GenerateError, Generator, Schedule, StreamEvent};
 use crate::tools::bench::{Peer, RemoveOnDrop};
 
 pub struct Options {
@@ -42,6 +42,10 @@ pub struct Options {
     pub load: Option<(PathBuf, String)>,
     /// Concurrent clients for the throughput table (first model).
     pub clients: Vec<usize>,
+    /// The throughput table's workloads (`rag`, `chat`) and schedules (`arrival`, `cohort`,
+    /// `off`: no continuous batching).
+    pub workloads: Vec<String>,
+    pub schedules: Vec<String>,
     /// Distinct prompts for the memory check (0 = skip).
     pub memory_queries: usize,
     pub peer: Option<Peer>,
@@ -135,6 +139,9 @@ pub struct ConcurrencyRow {
     pub workload: String,
     /// Continuous batching (`generation.continuous_batching`).
     pub batching: bool,
+    /// `generation.schedule` with batching (`arrival` or `cohort`); `-` without batching
+    /// and for llama-server.
+    pub schedule: String,
     pub clients: usize,
     pub requests: usize,
     pub prompt_tokens: usize,
@@ -554,26 +561,54 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
     if let (Some(model), false) = (opts.models.first(), opts.clients.is_empty()) {
         // the text's tokens (the same for every engine of this model): llama-server's prompts
         let mut prompt_ids = None;
-        for (workload, batching) in [
-            ("rag", true),
-            ("rag", false),
-            ("chat", true),
-            ("chat", false),
-        ] {
+        for w in &opts.workloads {
+            anyhow::ensure!(
+                ["rag", "chat"].contains(&w.as_str()),
+                "--workloads: rag or chat, got {w:?}"
+            );
+        }
+        for s in &opts.schedules {
+            anyhow::ensure!(
+                ["arrival", "cohort", "off"].contains(&s.as_str()),
+                "--schedules: arrival, cohort or off, got {s:?}"
+            );
+        }
+        let runs = ["rag", "chat"].into_iter().flat_map(|w| {
+            [
+                ("arrival", true, Schedule::Arrival),
+                ("cohort", true, Schedule::Cohort),
+                ("off", false, Schedule::Arrival),
+            ]
+            .into_iter()
+            .map(move |(name, batching, schedule)| (w, name, batching, schedule))
+        });
+        for (workload, _, batching, schedule) in runs.filter(|(w, s, _, _)| {
+            opts.workloads.iter().any(|x| x == w) && opts.schedules.iter().any(|x| x == s)
+        }) {
             let mut c = config(model, opts);
             c.continuous_batching = batching;
+            c.schedule = schedule;
             c.max_num_seqs = opts.clients.iter().copied().max().unwrap_or(1);
             let generator = std::sync::Arc::new(Generator::load(&c).await?);
             let ids = generator.encode(&text);
             prompt_ids = Some(ids.clone());
             for &clients in &opts.clients {
+                let schedule = match (batching, schedule) {
+                    (false, _) => "-",
+                    (true, Schedule::Arrival) => "arrival",
+                    (true, Schedule::Cohort) => "cohort",
+                };
                 eprintln!(
-                    "bench generate: {clients} concurrent clients, {workload}, batching {batching}"
+                    "bench generate: {clients} concurrent clients, {workload}, batching {batching}, schedule {schedule}"
                 );
                 report.concurrency.push(
                     concurrency(&generator, &ids, name(model), workload, clients)
                         .await
-                        .map(|r| ConcurrencyRow { batching, ..r })?,
+                        .map(|r| ConcurrencyRow {
+                            batching,
+                            schedule: schedule.into(),
+                            ..r
+                        })?,
                 );
             }
         }
@@ -755,6 +790,7 @@ async fn concurrency(
         model,
         workload: workload.into(),
         batching: true,
+        schedule: "-".into(),
         clients,
         requests,
         prompt_tokens: prompt_len(0),
@@ -848,6 +884,7 @@ fn server_concurrency(
         model,
         workload: "rag".into(),
         batching: true,
+        schedule: "-".into(),
         clients,
         requests,
         prompt_tokens: PROMPT,
@@ -1047,26 +1084,29 @@ impl fmt::Display for GenerateBench {
                 k.f16.new_tokens
             )?;
         }
-        let one = |e: &str, w: &str, b: bool| {
+        let one = |c: &ConcurrencyRow| {
             self.concurrency
                 .iter()
-                .find(|c| c.engine == e && c.workload == w && c.batching == b && c.clients == 1)
-                .map(|c| c.tokens_per_second)
+                .find(|o| {
+                    (&o.engine, &o.workload, o.batching, &o.schedule, o.clients)
+                        == (&c.engine, &c.workload, c.batching, &c.schedule, 1)
+                })
+                .map(|o| o.tokens_per_second)
         };
         for c in &self.concurrency {
             writeln!(
                 f,
-                "concurrency: {:<12} {} {:<4} batching {:<3} {:>2} clients × 2 requests ({}-token prompts, {} new): {:.1} tok/s ({}× one client), {:.2} req/s, latency p50 {:.0} ms, max {:.0} ms",
+                "concurrency: {:<12} {} {:<4} batching {:<3} schedule {:<7} {:>2} clients × 2 requests ({}-token prompts, {} new): {:.1} tok/s ({}× one client), {:.2} req/s, latency p50 {:.0} ms, max {:.0} ms",
                 c.engine,
                 c.model,
                 c.workload,
                 if c.batching { "on" } else { "off" },
+                c.schedule,
                 c.clients,
                 c.prompt_tokens,
                 c.new_tokens,
                 c.tokens_per_second,
-                one(&c.engine, &c.workload, c.batching)
-                    .map_or("–".into(), |o| format!("{:.2}", c.tokens_per_second / o)),
+                one(c).map_or("–".into(), |o| format!("{:.2}", c.tokens_per_second / o)),
                 c.requests_per_second,
                 c.latency_p50_ms,
                 c.latency_max_ms

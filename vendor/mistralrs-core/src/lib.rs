@@ -74,7 +74,9 @@ pub use prefix_cacher::set_prefix_cache_limit_bytes;
 /// docent: an F16 KV cache on the CPU (vendor/PATCHES.md).
 pub use kv_cache::set_cpu_kv_cache_f16;
 /// docent: continuous batching and chunked prefill on the CPU (vendor/PATCHES.md).
-pub use kv_cache::{set_cpu_continuous_batching, set_cpu_prefill_chunk};
+pub use kv_cache::{
+    set_cpu_cohort_scheduling, set_cpu_continuous_batching, set_cpu_prefill_chunk,
+};
 // docent: drafts from a sequence's own text (vendor/PATCHES.md 17)
 pub use pipeline::{draft_counts, set_draft_proposer, set_request_draft_tokens, DraftProposer};
 pub mod reasoning_parsers;

@@ -60,6 +60,23 @@ pub fn cpu_prefill_chunk() -> usize {
     CPU_PREFILL_CHUNK.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// docent: cohort scheduling under continuous batching (0: off, prompts in order of arrival).
+static CPU_COHORT_ADMIT_BELOW: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+/// docent: for engines started after this call, prompts start in cohorts: the prompts waiting
+/// when one starts form a cohort, read one after another beside the decoding answers; a prompt
+/// that arrived after them starts only once fewer than `admit_below` answers decode (0: off,
+/// every prompt in order of arrival).
+pub fn set_cpu_cohort_scheduling(admit_below: usize) {
+    CPU_COHORT_ADMIT_BELOW.store(admit_below, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// docent: the cohort setting (0: off).
+pub fn cpu_cohort_admit_below() -> usize {
+    CPU_COHORT_ADMIT_BELOW.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 pub trait CacheManager<T: CacheManagerMixin + MetadataMixin + ?Sized> {
     fn clone_in_cache(
         &self,

@@ -72,7 +72,12 @@ pub trait BucketingManager<Backer: FcfsBacker>: Send + Sync {
 // Bucket by that metric for images because if we are not a prompt, then this doesn't apply
 type BucketKey = (usize, bool, usize);
 
-struct FixedBucketingManager;
+// docent: cohorts (vendor/PATCHES.md): `admit_below` is read when the engine starts (0: off);
+// `cohort_end` is the highest sequence id of the running cohort.
+struct FixedBucketingManager {
+    admit_below: usize,
+    cohort_end: Option<usize>,
+}
 
 impl<Backer: FcfsBacker> BucketingManager<Backer> for FixedBucketingManager {
     /// Move the sequences into buckets, and run the ones with the shortest lengths.
@@ -91,8 +96,19 @@ impl<Backer: FcfsBacker> BucketingManager<Backer> for FixedBucketingManager {
             let (mut batch, mut prompts): (Vec<Sequence>, Vec<Sequence>) =
                 running.into_iter().partition(|s| s.is_completion());
             prompts.sort_by_key(|s| *s.id());
+            // docent: cohorts. A prompt newer than the running cohort waits while
+            // `admit_below` or more answers decode; the prompt that starts a cohort takes in
+            // every prompt waiting now.
+            let oldest = prompts.first().map(|s| *s.id());
+            let newer = matches!((oldest, self.cohort_end), (Some(id), Some(end)) if id > end);
+            let hold = self.admit_below > 0 && newer && batch.len() >= self.admit_below;
+            if self.admit_below > 0 && !hold && (newer || self.cohort_end.is_none()) {
+                self.cohort_end = prompts.last().map(|s| *s.id());
+            }
             let mut prompts = prompts.into_iter();
-            batch.extend(prompts.next());
+            if !hold {
+                batch.extend(prompts.next());
+            }
             for seq in prompts {
                 waiting.add(seq.add_urgency());
             }
@@ -197,7 +213,10 @@ pub struct DefaultScheduler<Backer: FcfsBacker> {
 impl<Backer: FcfsBacker> DefaultScheduler<Backer> {
     pub fn new(method: DefaultSchedulerMethod) -> Self {
         let bucketing_manager: Box<dyn BucketingManager<_>> = match method {
-            DefaultSchedulerMethod::Fixed(_) => Box::new(FixedBucketingManager),
+            DefaultSchedulerMethod::Fixed(_) => Box::new(FixedBucketingManager {
+                admit_below: crate::kv_cache::cpu_cohort_admit_below(),
+                cohort_end: None,
+            }),
         };
         Self {
             running: Vec::new(),
