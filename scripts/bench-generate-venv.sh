@@ -16,16 +16,28 @@
 #   llama_cpp only imports lazily (llava chat handlers); it saves a good part of the build.
 #
 # Environment: PYTHON (python3.11+), DOCENT_MODELS_DIR, DOCENT_WHEEL_CACHE (cache directory),
-#   BUILD_JOBS (parallel compile jobs, default: all cores; the build runs under nice -n 10).
+#   BUILD_JOBS (parallel compile jobs, default: all cores; the build runs under nice -n 10),
+#   PEER_ISA: `native` (default: -march=native, models/.venv-llama) or `avx2` (AVX2, FMA,
+#   F16C, BMI2 and nothing newer, as llama.cpp builds natively on an AVX2 machine without
+#   AVX-512: models/.venv-llama-avx2), the peer of `docent bench generate --isa avx2` on an
+#   AVX-512 machine.
 #
 # Usage: bash scripts/bench-generate-venv.sh
 #   then: models/.venv-llama/bin/python scripts/bench_generate_peer.py --model FILE.gguf ...
+#   PEER_ISA=avx2 bash scripts/bench-generate-venv.sh
+#   then: docent bench generate --isa avx2 --peer-python models/.venv-llama-avx2/bin/python ...
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 models=${DOCENT_MODELS_DIR:-$root/models}
 py=${PYTHON:-python3}
-venv=$models/.venv-llama
+case ${PEER_ISA:-native} in
+  native) venv=$models/.venv-llama
+          isa_args="-DGGML_NATIVE=ON" ;;
+  avx2)   venv=$models/.venv-llama-avx2
+          isa_args="-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF" ;;
+  *) echo "bench-generate-venv: PEER_ISA must be native or avx2, got ${PEER_ISA}" >&2; exit 2 ;;
+esac
 stamp=$venv/.docent-pins
 cache_root=${DOCENT_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/docent-wheels}
 
@@ -43,7 +55,7 @@ command -v sha256sum >/dev/null 2>&1 || die "sha256sum is required (coreutils)"
 lcp=llama-cpp-python==0.3.36
 # llama-cpp-python's runtime dependencies, pinned (numpy as in the other venvs).
 deps="numpy==2.3.5 typing-extensions==4.16.0 diskcache==5.6.3 jinja2==3.1.6 markupsafe==3.0.4"
-cmake_args="-DGGML_NATIVE=ON -DGGML_BLAS=OFF -DGGML_CUDA=OFF -DLLAVA_BUILD=OFF"
+cmake_args="$isa_args -DGGML_BLAS=OFF -DGGML_CUDA=OFF -DLLAVA_BUILD=OFF"
 
 # Cache key of the wheel: everything that changes the compiled code. (sed -n 1p, not head:
 # head would close the pipe early and ldd's SIGPIPE would fail the script under pipefail.)

@@ -231,8 +231,13 @@ def main() -> int:
                 "llama.cpp's spin barriers make the numbers unreliable, measure again on an idle machine")
         results.append(res)
 
+    # the widest x86 vector extension this build was compiled with (scripts/bench-generate-venv.sh
+    # builds it native or, with PEER_ISA=avx2, without AVX-512)
+    info = llama_cpp.llama_print_system_info()
+    info = info.decode() if isinstance(info, bytes) else str(info)
+    isa = next((name for name in ("AVX512", "AVX2", "AVX") if f"{name} = 1" in info), "other")
     print(json.dumps({
-        "peer": f"llama.cpp (llama-cpp-python {llama_cpp.__version__})",
+        "peer": f"llama.cpp (llama-cpp-python {llama_cpp.__version__}, {isa})",
         "model": os.path.basename(args.model),
         "threads": args.threads,
         "n_ctx": N_CTX,
