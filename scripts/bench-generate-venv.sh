@@ -75,11 +75,13 @@ if ! ls "$wheels"/llama_cpp_python-0.3.36-*.whl >/dev/null 2>&1; then
   tmp=$(mktemp -d "$cache_root/.build-XXXXXX")
   trap 'rm -rf "$tmp"' EXIT
   log=$cache_root/llama-cpp-python-0.3.36-$key.build.log
-  say "compiling $lcp (CPU, native; 10-20 min on 2 cores; log: $log)"
+  say "compiling $lcp (CPU, ${PEER_ISA:-native}; 10-20 min on 2 cores; log: $log)"
   # --no-binary: PyPI has only the sdist anyway; this makes sure nothing else is picked up.
+  # --no-cache-dir: pip's own wheel cache is keyed by the sdist, not by CMAKE_ARGS, and would
+  # hand back a wheel compiled with other flags (seen: the AVX2 build came back with AVX-512).
   # nice: leave the CPU to interactive work and other builds on a small machine.
   if ! CMAKE_ARGS="$cmake_args" CMAKE_BUILD_PARALLEL_LEVEL="${BUILD_JOBS:-$(nproc)}" \
-      nice -n 10 "$py" -m pip wheel --no-deps --no-binary=llama-cpp-python --disable-pip-version-check \
+      nice -n 10 "$py" -m pip wheel --no-deps --no-binary=llama-cpp-python --disable-pip-version-check --no-cache-dir \
       --verbose --wheel-dir "$tmp" "$lcp" >"$log" 2>&1; then
     tail -n 40 "$log" >&2
     die "building $lcp failed (full log: $log)"
