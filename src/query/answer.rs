@@ -705,7 +705,7 @@ impl QueryEngine {
             .iter()
             .zip(sentences)
             .map(|(c, v)| {
-                (extractive::overlap(question, &c.text) + postprocess::cosine(&q[0], v)) / 2.0
+                (extractive::overlap(question, &c.text) + super::embed::cosine(&q[0], v)) / 2.0
             })
             .collect();
         let best = scores.iter().copied().fold(f32::MIN, f32::max);

@@ -15,6 +15,13 @@ use std::sync::{Arc, Mutex};
 
 use docent_ingest::embed::{Embedder, Embedding};
 
+/// Cosine similarity of two vectors.
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+    dot / (norm(a) * norm(b))
+}
+
 type Reply = Sender<docent_ingest::Result<Vec<f32>>>;
 
 pub struct QueryBatcher {

@@ -917,13 +917,9 @@ impl Filter {
     }
 
     /// The question's meaning: reported when the embedding head flags its MiniLM
-    /// `vector` (and was not reported already); true when it is blocked.
+    /// `vector` (a reason already given is not repeated); true when it is blocked.
     pub fn question_vector(&self, vector: &[f32], report: &mut SafetyReport) -> bool {
-        let reported = report
-            .reasons
-            .iter()
-            .any(|r| r == "prompt_injection:question");
-        if !reported && self.config.embedding_check && dense::BUILTIN.flags(vector) {
+        if self.config.embedding_check && dense::BUILTIN.flags(vector) {
             self.flag_question(report);
         }
         report.blocked

@@ -155,7 +155,7 @@ def main():
     ap.add_argument("--max-length", type=int, default=256, help="tokens, as the service embeds")
     ap.add_argument("--cache", default="/tmp/docent-injection-embeddings-{}.npy",
                     help="where the embeddings are kept ({} is a hash of the model, the length and the texts)")
-    ap.add_argument("--out", help="write the head here (DOCPD001, read by src/query/safety/dense.rs)")
+    ap.add_argument("--out", help="write the head here (DOCPD002, read by src/query/safety/dense.rs)")
     ap.add_argument("--hidden", type=int, default=64, help="hidden units (0: logistic regression)")
     ap.add_argument("--dev-benign", default="benign_question,benign_chunk,benign_email",
                     help="dev categories the head may add false positives to, at most --added each")

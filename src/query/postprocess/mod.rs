@@ -387,13 +387,6 @@ pub fn lexical_support(sentence: &str, chunk: &str) -> f32 {
     s.intersection(&c).count() as f32 / s.len() as f32
 }
 
-/// Cosine similarity of two vectors.
-pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
-    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
-    let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
-    dot / (norm(a) * norm(b))
-}
-
 /// How much each block supports each claim: the mean of [`lexical_support`] and the
 /// cosine of their embeddings (`claim_vectors[i]`, `block_vectors[b]`).
 pub fn support_matrix(
@@ -409,7 +402,9 @@ pub fn support_matrix(
             blocks
                 .iter()
                 .zip(block_vectors)
-                .map(|(b, bv)| (lexical_support(&c.text, b) + cosine(cv, bv)) / 2.0)
+                .map(|(b, bv)| {
+                    (lexical_support(&c.text, b) + crate::query::embed::cosine(cv, bv)) / 2.0
+                })
                 .collect()
         })
         .collect()

@@ -69,13 +69,8 @@ impl Head {
     /// Whether `probe_vector`, the service's embedding of [`Self::probe`], is the vector the
     /// head was trained with (same length, cosine at least 0.98): the same embedding model.
     pub fn fits(&self, probe_vector: &[f32]) -> bool {
-        if probe_vector.len() != self.probe_vector.len() {
-            return false;
-        }
-        let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
-        let norms =
-            (dot(probe_vector, probe_vector) * dot(&self.probe_vector, &self.probe_vector)).sqrt();
-        norms > 0.0 && dot(probe_vector, &self.probe_vector) / norms >= FITS_COSINE
+        probe_vector.len() == self.probe_vector.len()
+            && crate::query::embed::cosine(probe_vector, &self.probe_vector) >= FITS_COSINE
     }
 
     /// `DOCPD002`, dim and hidden (u32 LE), the threshold and the probe's logit (f32 LE),

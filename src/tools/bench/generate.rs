@@ -561,30 +561,22 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
     if let (Some(model), false) = (opts.models.first(), opts.clients.is_empty()) {
         // the text's tokens (the same for every engine of this model): llama-server's prompts
         let mut prompt_ids = None;
-        for w in &opts.workloads {
+        let runs = opts
+            .workloads
+            .iter()
+            .flat_map(|w| opts.schedules.iter().map(move |s| (w, s)));
+        for (workload, order) in runs {
+            let workload = workload.as_str();
             anyhow::ensure!(
-                ["rag", "chat"].contains(&w.as_str()),
-                "--workloads: rag or chat, got {w:?}"
+                ["rag", "chat"].contains(&workload),
+                "--workloads: rag or chat, got {workload:?}"
             );
-        }
-        for s in &opts.schedules {
-            anyhow::ensure!(
-                ["arrival", "cohort", "off"].contains(&s.as_str()),
-                "--schedules: arrival, cohort or off, got {s:?}"
-            );
-        }
-        let runs = ["rag", "chat"].into_iter().flat_map(|w| {
-            [
-                ("arrival", true, Schedule::Arrival),
-                ("cohort", true, Schedule::Cohort),
-                ("off", false, Schedule::Arrival),
-            ]
-            .into_iter()
-            .map(move |(name, batching, schedule)| (w, name, batching, schedule))
-        });
-        for (workload, _, batching, schedule) in runs.filter(|(w, s, _, _)| {
-            opts.workloads.iter().any(|x| x == w) && opts.schedules.iter().any(|x| x == s)
-        }) {
+            let (batching, schedule) = match order.as_str() {
+                "arrival" => (true, Schedule::Arrival),
+                "cohort" => (true, Schedule::Cohort),
+                "off" => (false, Schedule::Arrival),
+                other => anyhow::bail!("--schedules: arrival, cohort or off, got {other:?}"),
+            };
             let mut c = config(model, opts);
             c.continuous_batching = batching;
             c.schedule = schedule;
@@ -593,11 +585,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
             let ids = generator.encode(&text);
             prompt_ids = Some(ids.clone());
             for &clients in &opts.clients {
-                let schedule = match (batching, schedule) {
-                    (false, _) => "-",
-                    (true, Schedule::Arrival) => "arrival",
-                    (true, Schedule::Cohort) => "cohort",
-                };
+                let schedule = if batching { order.as_str() } else { "-" };
                 eprintln!(
                     "bench generate: {clients} concurrent clients, {workload}, batching {batching}, schedule {schedule}"
                 );
