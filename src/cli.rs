@@ -247,6 +247,11 @@ pub enum Bench {
             default_value = "search=55,extractive=20,generated=12,list=8,upload=5"
         )]
         mix: crate::tools::bench::load::Mix,
+        /// Keep the answer cache on. Off by default: the load repeats a fixed list of
+        /// questions, so with the cache on a generated answer is made once per question and
+        /// every later one is a lookup, which measures the cache, not generation.
+        #[arg(long)]
+        answer_cache: bool,
     },
     /// Retrieval latency and throughput through POST /v1/search at several client counts
     /// and index sizes; beside it, a Python peer service over the same index files.

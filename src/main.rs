@@ -360,6 +360,7 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             kill_after,
             no_kill,
             mix,
+            answer_cache,
         }) => {
             anyhow::ensure!(
                 clients > 0 && seconds > 0.0,
@@ -378,6 +379,7 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
                     duration: std::time::Duration::from_secs_f64(seconds),
                     kill_after: (!no_kill).then(|| std::time::Duration::from_secs_f64(kill_after)),
                     mix,
+                    answer_cache,
                 },
             )?;
             Ok(if ok {

@@ -30,6 +30,8 @@ pub struct Options {
     /// Seconds into the second run at which the server is SIGKILLed; `None` skips that run.
     pub kill_after: Option<Duration>,
     pub mix: Mix,
+    /// Keep `generation.cache_size` as configured; `false` turns the answer cache off.
+    pub answer_cache: bool,
 }
 
 /// The request mix, as weights (percentages by default).
@@ -583,6 +585,9 @@ pub fn run(config: &Config, opts: &Options) -> anyhow::Result<bool> {
         hash: crate::config::hash_key(KEY),
     }];
     config.auth.rate_per_minute = 0;
+    if !opts.answer_cache {
+        config.generation.cache_size = 0;
+    }
     let file = tmp.join("bench-load.toml");
     std::fs::write(&file, toml::to_string(&config)?)?;
     // a starting index: the corpus's first chapters through the CLI
@@ -600,7 +605,16 @@ pub fn run(config: &Config, opts: &Options) -> anyhow::Result<bool> {
         .env("RUST_LOG", "warn")
         .status()?;
     anyhow::ensure!(status.success(), "ingesting the starting index failed");
-    println!("load: {} clients, {}; API keys on", opts.clients, opts.mix);
+    println!(
+        "load: {} clients, {}; API keys on; answer cache {}",
+        opts.clients,
+        opts.mix,
+        if opts.answer_cache {
+            "on (repeated questions are lookups)"
+        } else {
+            "off"
+        }
+    );
 
     let mut server = start(opts, &file)?;
     let load = run_load(opts, &mut server, &paragraphs, opts.duration, None);
