@@ -2,20 +2,23 @@
 //! one of `smollm2` (SmolLM2-135M, the default), `qwen0.5b`, `qwen1.5b` (Qwen2.5 0.5B / 1.5B),
 //! `qwen0.5b-output` / `qwen1.5b-output` (a model's output layer alone: decode from memory, not
 //! cache), `qwen1.5b-layers` (all 28 layers of the 1.5B, timed as one pass: a whole step's
-//! weights from memory; best with `DOCENT_BENCH_ROWS=1,3,5`, which picks the row counts).
+//! weights from memory; best with `DOCENT_BENCH_ROWS=1,3,5`, which picks the row counts), or
+//! one shape `ROWSxCOLS` (e.g. `8960x1536`: from cache where it fits), or `ROWSxCOLS*N` (N
+//! copies of it timed as one pass: from memory once they outgrow the caches, as in a model).
 //!
 //! For each weight format: decode (one activation row, a gemv: GB/s of weights read), five
 //! rows (a speculative draft step: GFLOP/s) and prefill (600 rows: GFLOP/s), on every SIMD
 //! level the processor runs (AVX-512 and AVX2 side by side on an AVX-512 machine) and on the
 //! scalar one (`DOCENT_BENCH_NO_SCALAR=1` skips the scalar columns). A second argument keeps
-//! one format: `cargo bench -p docent-kernels -- qwen1.5b Q4_K`.
+//! one format: `cargo bench -p docent-kernels -- qwen1.5b Q4_K`. Q4_K and Q6_K are also
+//! timed with eight rows interleaved ("Q4_K x8", "Q6_K x8": docent's layouts for them).
 
 use std::time::Instant;
 
 use docent_kernels::matmul::{matmul_with, WeightView};
-use docent_kernels::q4k_x8;
 use docent_kernels::quant::Format;
 use docent_kernels::Isa;
+use docent_kernels::{q4k_x8, q6k_x8};
 
 fn rand_bytes(n: usize, seed: &mut u64) -> Vec<u8> {
     (0..n)
@@ -47,6 +50,14 @@ fn weights(format: Format, rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> 
         }
     }
     data
+}
+
+/// `ROWSxCOLS`, or `ROWSxCOLS*N` (N copies), as the bench's shapes.
+fn one_shape(arg: &str) -> Option<Vec<(usize, usize)>> {
+    let (shape, copies) = arg.split_once('*').unwrap_or((arg, "1"));
+    let (rows, cols) = shape.split_once('x')?;
+    let shape = (rows.parse().ok()?, cols.parse().ok()?);
+    Some(vec![shape; copies.parse().ok()?])
 }
 
 fn time<F: FnMut()>(mut f: F) -> f64 {
@@ -94,7 +105,7 @@ fn main() {
             (1536, 8960),
         ]
         .repeat(28),
-        _ => vec![(576, 576), (192, 576), (1536, 576), (576, 1536)],
+        m => one_shape(m).unwrap_or_else(|| vec![(576, 576), (192, 576), (1536, 576), (576, 1536)]),
     };
     let scalar = std::env::var_os("DOCENT_BENCH_NO_SCALAR").is_none();
     println!("shapes of {model}: {shapes:?}");
@@ -134,20 +145,20 @@ fn main() {
     }
     println!("| {} |", header.join(" | "));
     println!("|{}", "---|".repeat(header.len()));
-    // every format in GGUF's row layout, and Q4_K with eight rows interleaved ("Q4_K x8",
-    // docent's decode layout) after Q4_K
+    // every format in GGUF's row layout, and Q4_K and Q6_K with eight rows interleaved
+    // ("Q4_K x8", "Q6_K x8", docent's layouts for them) after their rows
     let entries = Format::ALL.into_iter().flat_map(|f| {
-        let x8 = (f == Format::Q4K).then_some((f, true));
+        let x8 = matches!(f, Format::Q4K | Format::Q6K).then_some((f, true));
         std::iter::once((f, false)).chain(x8)
     });
     for (format, interleaved) in entries {
         if only.as_deref().is_some_and(|o| o != format.name()) {
             continue;
         }
-        let ggml_type = if interleaved {
-            q4k_x8::ID
-        } else {
-            format.ggml_id()
+        let ggml_type = match (interleaved, format) {
+            (true, Format::Q6K) => q6k_x8::ID,
+            (true, _) => q4k_x8::ID,
+            (false, _) => format.ggml_id(),
         };
         let cols_ok = |c: usize| c.is_multiple_of(format.block_elems());
         let shapes: Vec<_> = shapes
@@ -160,9 +171,14 @@ fn main() {
             .iter()
             .map(|&(rows, cols)| {
                 let w = weights(format, rows, cols, &mut seed);
-                match interleaved {
-                    true => q4k_x8::interleave(rows, cols, &w).expect("whole groups of 8 rows"),
-                    false => w,
+                match (interleaved, format) {
+                    (true, Format::Q6K) => {
+                        q6k_x8::interleave(rows, cols, &w).expect("whole groups of 8 rows")
+                    }
+                    (true, _) => {
+                        q4k_x8::interleave(rows, cols, &w).expect("whole groups of 8 rows")
+                    }
+                    (false, _) => w,
                 }
             })
             .collect();

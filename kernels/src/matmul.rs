@@ -22,7 +22,9 @@
 //! - Q4_K weights interleaved by eight rows at load ([`q4k_x8`], type id [`q4k_x8::ID`]) run
 //!   on that layout's kernels (AVX2, or AVX-512 VNNI) for every number of activation rows
 //!   (one group of eight weight rows against up to 16 activation rows at a time); below AVX2
-//!   the task's rows are unpacked to GGUF rows for the row kernels.
+//!   the task's rows are unpacked to GGUF rows for the row kernels. Q6_K weights interleaved
+//!   the same way ([`q6k_x8`], type id [`q6k_x8::ID`]) take the same path with their own
+//!   kernels (AVX2, AVX-512 BW, AVX-512 VNNI).
 //!
 //! Every format has a plain scalar micro-kernel computing the same integer sums; the AVX2
 //! kernels, the AVX-512 kernels (every format; VNNI where the processor has it) and, on
@@ -35,10 +37,63 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use crate::cpu::Isa;
-use crate::q4k_x8;
 use crate::quant::{
     dequantize_row, f16_at, q4k_scale_min, q6k_values, resize, Format, Q8KRows, Q8Rows,
 };
+use crate::{q4k_x8, q6k_x8};
+
+/// The layouts of K-format weights with eight rows interleaved, by their type ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Interleaved {
+    /// [`q4k_x8`]
+    Q4K,
+    /// [`q6k_x8`]
+    Q6K,
+}
+
+/// Rows per group of both interleaved layouts.
+const GROUP_ROWS: usize = q4k_x8::ROWS;
+const _: () = assert!(q6k_x8::ROWS == GROUP_ROWS);
+
+impl Interleaved {
+    fn of(ggml_type: u32) -> Option<Self> {
+        match ggml_type {
+            q4k_x8::ID => Some(Self::Q4K),
+            q6k_x8::ID => Some(Self::Q6K),
+            _ => None,
+        }
+    }
+
+    /// The format of the rows the layout holds.
+    fn format(self) -> Format {
+        match self {
+            Self::Q4K => Format::Q4K,
+            Self::Q6K => Format::Q6K,
+        }
+    }
+
+    fn fits(self, rows: usize, cols: usize, bytes: usize) -> bool {
+        match self {
+            Self::Q4K => q4k_x8::fits(rows, cols, bytes),
+            Self::Q6K => q6k_x8::fits(rows, cols, bytes),
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn has_kernel(self, isa: Isa) -> bool {
+        match self {
+            Self::Q4K => q4k_x8::has_kernel(isa),
+            Self::Q6K => q6k_x8::has_kernel(isa),
+        }
+    }
+
+    fn deinterleave(self, data: &[u8], cols: usize, g0: usize, g1: usize, out: &mut Vec<u8>) {
+        match self {
+            Self::Q4K => q4k_x8::deinterleave(data, cols, g0, g1, out),
+            Self::Q6K => q6k_x8::deinterleave(data, cols, g0, g1, out),
+        }
+    }
+}
 
 /// A weight matrix: `rows` rows of `cols` elements in GGML type `ggml_type`.
 #[derive(Debug, Clone, Copy)]
@@ -102,8 +157,8 @@ struct Scratch {
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
-    /// A task's interleaved Q4_K rows unpacked to GGUF rows (below AVX2: no kernel for the
-    /// layout).
+    /// A task's interleaved Q4_K or Q6_K rows unpacked to GGUF rows (below AVX2: no kernel
+    /// for the layout).
     static UNPACKED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -169,16 +224,15 @@ impl Out {
 /// `x · Wᵀ` with an explicit instruction set (capped at what the processor has).
 pub fn matmul_with(isa: Isa, w: &WeightView<'_>, x: &[f32], m: usize) -> Option<Vec<f32>> {
     let isa = isa.min(crate::cpu::detect());
-    // Q4_K with eight rows interleaved: its own kernel where there is one, else the GGUF
-    // rows unpacked per task
-    let interleaved = w.ggml_type == q4k_x8::ID;
-    let format = if interleaved {
-        Format::Q4K
-    } else {
-        Format::from_ggml(w.ggml_type)?
+    // Q4_K or Q6_K with eight rows interleaved: the layout's own kernels where there are
+    // some, else the GGUF rows unpacked per task
+    let interleaved = Interleaved::of(w.ggml_type);
+    let format = match interleaved {
+        Some(layout) => layout.format(),
+        None => Format::from_ggml(w.ggml_type)?,
     };
     let rb = checked_row_bytes(format, w, x, m)?;
-    if interleaved && !q4k_x8::fits(w.rows, w.cols, w.data.len()) {
+    if interleaved.is_some_and(|layout| !layout.fits(w.rows, w.cols, w.data.len())) {
         return None;
     }
     let (rows, cols) = (w.rows, w.cols);
@@ -237,8 +291,8 @@ pub fn matmul_with(isa: Isa, w: &WeightView<'_>, x: &[f32], m: usize) -> Option<
                 .max(4)
         };
         // interleaved weights come in groups of eight rows
-        let per_task = if interleaved {
-            per_task.next_multiple_of(q4k_x8::ROWS)
+        let per_task = if interleaved.is_some() {
+            per_task.next_multiple_of(GROUP_ROWS)
         } else {
             per_task
         };
@@ -288,40 +342,47 @@ pub fn matmul_with(isa: Isa, w: &WeightView<'_>, x: &[f32], m: usize) -> Option<
         let run = |chunk: usize| {
             let j0 = chunk * per_task;
             let j1 = (j0 + per_task).min(rows);
-            if interleaved {
+            if let Some(layout) = interleaved {
                 // group by group against tiles of activation rows: a group's weights are
                 // read from memory once and stay in L1 while the tile passes by, and its
-                // nibbles are unpacked once per few activation rows
+                // values are unpacked once per few activation rows
                 #[cfg(target_arch = "x86_64")]
-                if q4k_x8::has_kernel(isa) {
+                if layout.has_kernel(isa) {
                     const TILE: usize = 16;
-                    let kernel = if isa >= Isa::Avx512 && q4k_x8::avx512::available() {
+                    let q4k = if isa >= Isa::Avx512 && q4k_x8::avx512::available() {
                         q4k_x8::Kernel::Vnni
                     } else {
                         q4k_x8::Kernel::Avx2
                     };
-                    let group = q4k_x8::ROWS * rb;
+                    let q6k = q6k_x8::kernel(isa).unwrap_or(q6k_x8::Kernel::Avx2);
+                    let group = GROUP_ROWS * rb;
                     for i0 in (0..m).step_by(TILE) {
                         let i1 = (i0 + TILE).min(m);
                         let acts: Vec<q4k_x8::Q8k<'_>> = (i0..i1).map(|i| act(i).q8k()).collect();
-                        for j in (j0..j1).step_by(q4k_x8::ROWS) {
+                        for j in (j0..j1).step_by(GROUP_ROWS) {
                             let wg = &w.data[j * rb..j * rb + group];
                             let o = out_ptr.at(i0 * rows + j);
                             // SAFETY: AVX2/FMA/F16C are present (isa was capped at what the
-                            // processor has), and AVX-512 F/BW/VL/VNNI for `Vnni`
-                            // (`available`); rows j..j + 8 are a whole group inside the
-                            // weights (`fits`, per_task a multiple of 8), the activations
-                            // hold `cols` values, and columns j..j + 8 of output rows i0..i1
-                            // are this task's alone.
-                            unsafe { q4k_x8::gemm(kernel, wg, cols, &acts, o, rows) };
+                            // processor has; `has_kernel`), and for Q4_K's `Vnni` AVX-512
+                            // F/BW/VL/VNNI (`available`), for Q6_K's what `kernel` checked;
+                            // rows j..j + 8 are a whole group inside the weights (`fits`,
+                            // per_task a multiple of 8), the activations hold `cols` values,
+                            // and columns j..j + 8 of output rows i0..i1 are this task's
+                            // alone.
+                            unsafe {
+                                match layout {
+                                    Interleaved::Q4K => q4k_x8::gemm(q4k, wg, cols, &acts, o, rows),
+                                    Interleaved::Q6K => q6k_x8::gemm(q6k, wg, cols, &acts, o, rows),
+                                }
+                            };
                         }
                     }
                     return;
                 }
                 UNPACKED.with(|buf| {
                     let mut buf = buf.borrow_mut();
-                    let (g0, g1) = (j0 / q4k_x8::ROWS, j1 / q4k_x8::ROWS);
-                    q4k_x8::deinterleave(w.data, cols, g0, g1, &mut buf);
+                    let (g0, g1) = (j0 / GROUP_ROWS, j1 / GROUP_ROWS);
+                    layout.deinterleave(w.data, cols, g0, g1, &mut buf);
                     rows_of(&buf, j0, j1);
                 });
                 return;
@@ -2420,6 +2481,80 @@ mod tests {
             data: &data,
         };
         assert!(matmul_with(Isa::Scalar, &w, &[0.5; 256], 1).is_none());
+    }
+
+    #[test]
+    fn interleaved_q6k_gives_what_its_rows_give() {
+        // As for Q4_K: with AVX2 every step runs the interleaved kernels on the same quantised
+        // activations as the row kernels (only the order of float additions differs); below,
+        // the GGUF rows are unpacked for the row kernels (bit-identical). Both also against
+        // the f32 reference, within the 8-bit activations' rounding.
+        let mut rng = Rng(78);
+        for (rows, cols) in [(8, 256), (64, 512), (40, 768), (136, 1536)] {
+            let data: Vec<u8> = (0..rows)
+                .flat_map(|_| random_row(&mut rng, Format::Q6K, cols))
+                .collect();
+            let packed = q6k_x8::interleave(rows, cols, &data).expect("fits");
+            let view = |ggml_type, data| WeightView {
+                ggml_type,
+                rows,
+                cols,
+                data,
+            };
+            let (plain, inter) = (
+                view(Format::Q6K.ggml_id(), &data),
+                view(q6k_x8::ID, &packed),
+            );
+            let wmax = {
+                let mut row = vec![0f32; cols];
+                let rb = Format::Q6K.row_bytes(cols).expect("row bytes");
+                (0..rows).fold(0f32, |mx, j| {
+                    dequantize_row(Format::Q6K, &data[j * rb..(j + 1) * rb], &mut row);
+                    row.iter().fold(mx, |a, v| a.max(v.abs()))
+                })
+            };
+            let tol_ref = wmax * cols as f32 * (0.5 / 127.0) * 0.5 + 1e-3;
+            // the float rounding of sums of up to `cols` products of up to wmax (Q6_K's values
+            // reach 32 · 127 · d, so results cancel from far larger terms than Q4_K's)
+            let tol_rows = 1e-7 * wmax * cols as f32;
+            // every tile size of the kernels (pieces of 8/4/2/1 with AVX-512, 4/2/1 with
+            // AVX2), decode and draft rows (split as decode) and prefill tiles of 16
+            for m in [1, 3, 4, 5, 8, 9, 17, 40] {
+                let x: Vec<f32> = (0..m * cols).map(|_| rng.f32()).collect();
+                let reference = matmul_reference(&plain, &x, m).expect("reference");
+                for isa in Isa::available() {
+                    let want = matmul_with(isa, &plain, &x, m).expect("rows");
+                    let got = matmul_with(isa, &inter, &x, m).expect("interleaved");
+                    assert_eq!(got.len(), m * rows);
+                    if !q6k_x8::has_kernel(isa) {
+                        assert_eq!(got, want, "{isa:?} rows {rows} cols {cols} m {m}");
+                    }
+                    for (k, ((g, w), r)) in got.iter().zip(&want).zip(&reference).enumerate() {
+                        assert!(
+                            (g - w).abs() <= 1e-4 * (1.0 + w.abs()) + tol_rows,
+                            "{isa:?} rows {rows} cols {cols} m {m}: [{k}] {g} vs rows {w}"
+                        );
+                        assert!(
+                            (g - r).abs() <= tol_ref,
+                            "{isa:?} rows {rows} cols {cols} m {m}: [{k}] {g} vs reference {r}"
+                        );
+                    }
+                }
+            }
+        }
+        // a shape that is not whole groups is declined, not misread
+        let data: Vec<u8> = (0..12)
+            .flat_map(|_| random_row(&mut rng, Format::Q6K, 256))
+            .collect();
+        let w = WeightView {
+            ggml_type: q6k_x8::ID,
+            rows: 12,
+            cols: 256,
+            data: &data,
+        };
+        for isa in Isa::available() {
+            assert!(matmul_with(isa, &w, &[0.5; 256], 1).is_none());
+        }
     }
 
     #[test]

@@ -15,8 +15,8 @@ static ATTENTIONS: AtomicU64 = AtomicU64::new(0);
 static ATTENTIONS_F16: AtomicU64 = AtomicU64::new(0);
 static REPACKED: AtomicU64 = AtomicU64::new(0);
 static INTERLEAVED: AtomicU64 = AtomicU64::new(0);
-/// `generation.repack`: Q5_0 weights are rewritten as Q8_0 and Q4_K weights interleaved by
-/// eight rows when a model loads.
+/// `generation.repack`: Q5_0 weights are rewritten as Q8_0 and Q4_K and Q6_K weights
+/// interleaved by eight rows when a model loads.
 static REPACK: AtomicBool = AtomicBool::new(true);
 
 /// Calls docent's kernels answered so far in this process: (matmuls, attentions).
@@ -37,7 +37,7 @@ pub fn repacked() -> u64 {
     REPACKED.load(Ordering::Relaxed)
 }
 
-/// Of [`repacked`]'s tensors, the Q4_K ones interleaved by eight rows.
+/// Of [`repacked`]'s tensors, the Q4_K and Q6_K ones interleaved by eight rows.
 pub fn interleaved() -> u64 {
     INTERLEAVED.load(Ordering::Relaxed)
 }
@@ -106,9 +106,9 @@ fn matmul(w: &cpu_hooks::WeightView<'_>, x: &[f32], m: usize) -> Option<Vec<f32>
 /// - Q5_0 → Q8_0: the same values without the fifth bit to unpack; prefill then runs on the
 ///   Q8_0 tile (decode reads 34 bytes per 32 weights instead of 22, measured no slower:
 ///   docs/benchmarks.md, "Qwen2.5-Coder on docent's engine");
-/// - Q4_K → eight rows interleaved ([`docent_kernels::q4k_x8`]), where the processor runs
-///   that layout's kernel (x86-64 with AVX2): the same bytes rearranged, read eight rows at
-///   once by every matmul.
+/// - Q4_K and Q6_K → eight rows interleaved ([`docent_kernels::q4k_x8`],
+///   [`docent_kernels::q6k_x8`]), where the processor runs that layout's kernel (x86-64 with
+///   AVX2): the same bytes rearranged, read eight rows at once by every matmul.
 fn repack_weight(w: &cpu_hooks::WeightView<'_>) -> Option<(u32, Vec<u8>)> {
     use docent_kernels::quant::Format;
     if !REPACK.load(Ordering::Relaxed) {
@@ -125,6 +125,12 @@ fn repack_weight(w: &cpu_hooks::WeightView<'_>) -> Option<(u32, Vec<u8>)> {
         let out = docent_kernels::q4k_x8::interleave(w.rows, w.cols, w.data)?;
         INTERLEAVED.fetch_add(1, Ordering::Relaxed);
         (docent_kernels::q4k_x8::ID, out)
+    } else if w.ggml_type == Format::Q6K.ggml_id()
+        && docent_kernels::q6k_x8::has_kernel(docent_kernels::cpu::isa())
+    {
+        let out = docent_kernels::q6k_x8::interleave(w.rows, w.cols, w.data)?;
+        INTERLEAVED.fetch_add(1, Ordering::Relaxed);
+        (docent_kernels::q6k_x8::ID, out)
     } else {
         return None;
     };

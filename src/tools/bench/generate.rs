@@ -359,7 +359,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
                     opts.repack,
                     docent_kernels::q4k_x8::has_kernel(docent_kernels::cpu::isa())
                 ) {
-                    (true, true) => ", Q5_0 as Q8_0, Q4_K interleaved",
+                    (true, true) => ", Q5_0 as Q8_0, Q4_K and Q6_K interleaved",
                     (true, false) => ", Q5_0 as Q8_0",
                     (false, _) => "",
                 }
