@@ -152,9 +152,9 @@ pub fn deinterleave(data: &[u8], cols: usize, g0: usize, g1: usize, out: &mut Ve
 
 /// `len` activation rows as pieces `(start, count)` of powers of two, at most `largest`
 /// (itself a power of two), largest first: the kernels keep a piece's accumulators in
-/// registers, so each count is its own instantiation.
+/// registers, so each count is its own instantiation (this layout's and [`crate::q6k_x8`]'s).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-fn pieces(len: usize, largest: usize) -> impl Iterator<Item = (usize, usize)> {
+pub(crate) fn pieces(len: usize, largest: usize) -> impl Iterator<Item = (usize, usize)> {
     let mut start = 0;
     std::iter::from_fn(move || {
         let left = len - start;
@@ -500,6 +500,8 @@ mod tests {
         assert_eq!(p(7, 8), [(0, 4), (4, 2), (6, 1)]);
         assert_eq!(p(16, 8), [(0, 8), (8, 8)]);
         assert_eq!(p(13, 4), [(0, 4), (4, 4), (8, 4), (12, 1)]);
+        assert_eq!(p(17, 8), [(0, 8), (8, 8), (16, 1)]);
+        assert_eq!(p(7, 4), [(0, 4), (4, 2), (6, 1)]);
     }
 
     #[test]

@@ -176,22 +176,6 @@ pub fn deinterleave(data: &[u8], cols: usize, g0: usize, g1: usize, out: &mut Ve
     }
 }
 
-/// `len` activation rows as pieces `(start, count)` of powers of two, at most `largest`
-/// (itself a power of two), largest first: the kernels keep a piece's accumulators in
-/// registers, so each count is its own instantiation (as in [`crate::q4k_x8`]).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-fn pieces(len: usize, largest: usize) -> impl Iterator<Item = (usize, usize)> {
-    let mut start = 0;
-    std::iter::from_fn(move || {
-        let left = len - start;
-        (left > 0).then(|| {
-            let n = largest.min(1 << left.ilog2());
-            start += n;
-            (start - n, n)
-        })
-    })
-}
-
 /// The kernels of the layout on x86-64.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -215,7 +199,7 @@ pub(crate) fn kernel(isa: Isa) -> Option<Kernel> {
         None
     } else if isa < Isa::Avx512 {
         Some(Kernel::Avx2)
-    } else if avx512::vnni() {
+    } else if crate::q4k_x8::avx512::available() {
         Some(Kernel::Vnni)
     } else {
         Some(Kernel::Avx512)
@@ -241,7 +225,7 @@ pub(crate) unsafe fn gemm(
     stride: usize,
 ) {
     let largest = if kernel == Kernel::Avx2 { 4 } else { 8 };
-    for (i, n) in pieces(acts.len(), largest) {
+    for (i, n) in crate::q4k_x8::pieces(acts.len(), largest) {
         let (a, o) = (&acts[i..i + n], out.add(i * stride));
         match (kernel, n) {
             (Kernel::Vnni, 8) => avx512::tile_vnni::<8>(w, cols, a, o, stride),
@@ -439,25 +423,9 @@ pub(crate) mod avx2 {
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // activation rows and their accumulators side by side
 pub(crate) mod avx512 {
-    use std::arch::x86_64::*;
-    use std::sync::OnceLock;
-
     use super::avx2::{group_dot, offsets, scale_block, scale_pairs, scale_picks, store};
     use super::{Q8k, GROUP_BLOCK_BYTES, VALUES};
-
-    /// Whether the processor has AVX-512 VNNI (for [`tile_vnni`]; [`tile_bw`] runs without).
-    pub(crate) fn vnni() -> bool {
-        static HAS: OnceLock<bool> = OnceLock::new();
-        *HAS.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512bw")
-                && std::arch::is_x86_feature_detected!("avx512vl")
-                && std::arch::is_x86_feature_detected!("avx512vnni")
-                && std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-                && std::arch::is_x86_feature_detected!("f16c")
-        })
-    }
+    use std::arch::x86_64::*;
 
     /// `a | (b & c)`, as `vpternlogd`'s truth table.
     const OR_AND: i32 = 0xF8;
@@ -563,7 +531,8 @@ pub(crate) mod avx512 {
     /// [`super::gemm`] with AVX-512 VNNI for exactly `N` activation rows.
     ///
     /// # Safety
-    /// [`vnni`] holds, `acts.len() == N`, and what [`super::gemm`] asks.
+    /// [`crate::q4k_x8::avx512::available`] holds (AVX-512 VNNI), `acts.len() == N`, and what
+    /// [`super::gemm`] asks.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(crate) unsafe fn tile_vnni<const N: usize>(
         w: &[u8],
@@ -676,15 +645,6 @@ mod tests {
     }
 
     #[test]
-    fn activation_rows_split_into_powers_of_two() {
-        let p = |len, largest| pieces(len, largest).collect::<Vec<_>>();
-        assert_eq!(p(0, 8), []);
-        assert_eq!(p(1, 8), [(0, 1)]);
-        assert_eq!(p(17, 8), [(0, 8), (8, 8), (16, 1)]);
-        assert_eq!(p(7, 4), [(0, 4), (4, 2), (6, 1)]);
-    }
-
-    #[test]
     fn shapes_that_do_not_fit_are_declined() {
         assert!(interleave(12, 256, &[0u8; 12 * 210]).is_none());
         assert!(interleave(8, 256, &[0u8; 7 * 210]).is_none());
@@ -705,7 +665,7 @@ mod tests {
         }
         if crate::cpu::detect() >= Isa::Avx512 {
             kernels.push(Kernel::Avx512);
-            if avx512::vnni() {
+            if crate::q4k_x8::avx512::available() {
                 kernels.push(Kernel::Vnni);
             }
         }
