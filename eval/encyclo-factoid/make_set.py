@@ -8,6 +8,7 @@ files and checks them.  Standard library only.
     python3 make_set.py build    # write corpus.jsonl, queries.jsonl, qrels/test.tsv,
                                  # answers.jsonl, split.json, then verify
     python3 make_set.py verify   # check source.json and the files on disk
+    python3 make_set.py split OUT  # OUT/dev and OUT/heldout: BEIR dirs, whole corpus
 
 Ids:
   paragraph  <article_slug>_p001 .. _p003
@@ -21,6 +22,7 @@ import collections
 import json
 import os
 import re
+import shutil
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -381,10 +383,37 @@ def verify():
     return 0
 
 
+def split(out):
+    """Write `out/dev` and `out/heldout`: BEIR directories with the whole
+    corpus and only that part's queries, answers and qrels."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    parts = json.load(open(os.path.join(here, "split.json")))
+    for part, qids in parts.items():
+        qids = set(qids)
+        d = os.path.join(out, part)
+        os.makedirs(os.path.join(d, "qrels"), exist_ok=True)
+        shutil.copyfile(os.path.join(here, "corpus.jsonl"), os.path.join(d, "corpus.jsonl"))
+        for name, key in (("queries.jsonl", "_id"), ("answers.jsonl", "query-id")):
+            with open(os.path.join(here, name)) as src, open(os.path.join(d, name), "w") as dst:
+                for line in src:
+                    if json.loads(line)[key] in qids:
+                        dst.write(line)
+        lines = open(os.path.join(here, "qrels", "test.tsv")).read().splitlines()
+        with open(os.path.join(d, "qrels", "test.tsv"), "w") as dst:
+            dst.write(lines[0] + "\n")
+            for line in lines[1:]:
+                if line.split("\t")[0] in qids:
+                    dst.write(line + "\n")
+        print(f"{part}: {len(qids)} questions in {d}")
+    return 0
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1] if len(sys.argv) > 1 else "verify"
     if cmd == "build":
         sys.exit(build())
     if cmd == "verify":
         sys.exit(verify())
+    if cmd == "split" and len(sys.argv) == 3:
+        sys.exit(split(sys.argv[2]))
     sys.exit(__doc__)

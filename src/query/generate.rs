@@ -218,6 +218,10 @@ pub struct GenerationConfig {
     /// Which of the model's signals decides a refusal (see [`RefusalCheck`]).
     #[serde(default)]
     pub refusal_check: RefusalCheck,
+    /// Let an answer start with a citation marker (`[1] ...`). When false, `[` is masked at
+    /// the answer's first step, so the model starts with words and cites after them.
+    #[serde(default = "yes")]
+    pub lead_with_marker: bool,
 }
 
 /// With continuous batching, which waiting prompt is read next. Every step decodes all the
@@ -385,6 +389,9 @@ pub struct Generator {
     refusal_threshold: f32,
     /// `generation.refusal_check`.
     refusal_check: RefusalCheck,
+    /// Tokens masked at an answer's first step (`generation.lead_with_marker = false`: the
+    /// first tokens of a citation marker); empty when none are.
+    lead_masked: Vec<u32>,
     /// First tokens of "yes" and "no", for [`RefusalCheck::Question`].
     yes_tokens: Vec<u32>,
     no_tokens: Vec<u32>,
@@ -901,6 +908,11 @@ impl Generator {
         };
         let yes_tokens = word_tokens(&["yes", "Yes", "YES"]);
         let no_tokens = word_tokens(&["no", "No", "NO"]);
+        let lead_masked = if config.lead_with_marker {
+            Vec::new()
+        } else {
+            word_tokens(&["[", "[1]", "[[", "[\n"])
+        };
         Ok(Generator {
             model,
             path,
@@ -912,6 +924,7 @@ impl Generator {
             refusal_tokens,
             refusal_threshold: config.refusal_threshold,
             refusal_check: config.refusal_check,
+            lead_masked,
             yes_tokens,
             no_tokens,
             // a draft model's pipeline runs its own steps; drafts of both kinds never mix
@@ -1007,11 +1020,12 @@ impl Generator {
                 judge: Some(judge),
             });
         }
-        let processors = first_token.map(|probability| {
+        let processors = (judging || !self.lead_masked.is_empty()).then(|| {
             vec![Arc::new(RefusalGate {
                 tokens: self.refusal_tokens.clone(),
                 threshold: refuse_first_token,
-                probability,
+                probability: first_token.clone().unwrap_or_default(),
+                masked: self.lead_masked.clone(),
             }) as Arc<dyn mistralrs::CustomLogitsProcessor>]
         });
         let mut stream = self
@@ -1345,11 +1359,14 @@ fn sampling(params: &Params) -> SamplingParams {
 /// answer with one of `tokens` (the refusal phrase's first tokens). At or above
 /// `threshold` the logits pass unchanged (the model refuses, and docent stops it there);
 /// below, those tokens are masked at that step, so the model answers instead of writing
-/// the phrase it was only somewhat inclined to write.
+/// the phrase it was only somewhat inclined to write. `masked` tokens are masked at that
+/// step whatever the judgement (`generation.lead_with_marker`); with no refusal tokens the
+/// gate only masks.
 struct RefusalGate {
     tokens: Vec<u32>,
     threshold: f32,
     probability: Arc<OnceLock<f32>>,
+    masked: Vec<u32>,
 }
 
 /// The model's judgement at an answer's first step (see [`RefusalGate`]), or from the
@@ -1391,10 +1408,11 @@ impl mistralrs::CustomLogitsProcessor for RefusalGate {
             .to_vec1()?;
         let probability = token_probability(&values, &self.tokens);
         let _ = self.probability.set(probability);
-        if probability >= self.threshold {
+        let refuse = !self.tokens.is_empty() && probability >= self.threshold;
+        if refuse {
             return Ok(logits.clone());
         }
-        for &t in &self.tokens {
+        for &t in self.tokens.iter().chain(&self.masked) {
             if let Some(v) = values.get_mut(t as usize) {
                 *v = f32::NEG_INFINITY;
             }
@@ -1502,6 +1520,55 @@ mod tests {
             stop: vec!["END".into()],
             lookup_tokens: 0,
         }
+    }
+
+    /// The first-step gate: below the threshold the refusal tokens and the masked ones are
+    /// masked at the first step only, and the judgement is recorded; at or above it the
+    /// logits pass unchanged (the answer is refused there).
+    #[test]
+    fn the_first_step_gate_masks_then_passes() {
+        use mistralrs::CustomLogitsProcessor;
+        let logits =
+            |v: Vec<f32>| mistralrs::Tensor::from_vec(v, 4, &mistralrs::Device::Cpu).unwrap();
+        let values = |t: mistralrs::Tensor| t.to_vec1::<f32>().unwrap();
+        let gate = |threshold: f32, masked: Vec<u32>| RefusalGate {
+            tokens: vec![1],
+            threshold,
+            probability: Arc::default(),
+            masked,
+        };
+        // a marker token (3) masked whatever the judgement, the refusal token (1) under it
+        let g = gate(0.9, vec![3]);
+        let first = values(g.apply(&logits(vec![1.0, 0.0, 1.0, 2.0]), &[]).unwrap());
+        assert_eq!(first[0], 1.0);
+        assert_eq!(first[2], 1.0);
+        assert!(
+            first[1] == f32::NEG_INFINITY && first[3] == f32::NEG_INFINITY,
+            "{first:?}"
+        );
+        let p = *g.probability.get().expect("the judgement is recorded");
+        assert!((p - token_probability(&[1.0, 0.0, 1.0, 2.0], &[1])).abs() < 1e-6);
+        // later steps pass unchanged
+        assert_eq!(
+            values(g.apply(&logits(vec![1.0, 0.0, 1.0, 2.0]), &[5]).unwrap()),
+            vec![1.0, 0.0, 1.0, 2.0]
+        );
+        // a refusal: unchanged, so the phrase can start
+        let g = gate(0.1, vec![3]);
+        assert_eq!(
+            values(g.apply(&logits(vec![0.0, 3.0, 0.0, 0.0]), &[]).unwrap()),
+            vec![0.0, 3.0, 0.0, 0.0]
+        );
+        // no refusal phrase: only the masked tokens, never a refusal
+        let g = RefusalGate {
+            tokens: vec![],
+            threshold: 0.0,
+            probability: Arc::default(),
+            masked: vec![0],
+        };
+        let first = values(g.apply(&logits(vec![5.0, 0.0, 1.0, 2.0]), &[]).unwrap());
+        assert_eq!(first[0], f32::NEG_INFINITY);
+        assert_eq!(&first[1..], &[0.0, 1.0, 2.0]);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 
 use crate::query::cache::AnswerCache;
-use crate::query::generate::{GenerateError, Generator};
+use crate::query::generate::{GenerateError, Generator, SharedGenerator};
 use crate::query::prompt::{PromptError, Prompts};
 use crate::query::response::search_hit;
 use crate::query::retrieve::{Index, Retrieved, Scores};
@@ -61,7 +61,7 @@ pub enum QueryError {
 pub struct QueryEngine {
     pub index: Index,
     prompts: Prompts,
-    generator: Generator,
+    generator: SharedGenerator,
     limits: Limits,
     /// One permit per answer generating or waiting for the engine.
     slots: Arc<Semaphore>,
@@ -78,7 +78,7 @@ impl QueryEngine {
     pub fn new(
         index: Index,
         prompts: Prompts,
-        generator: Generator,
+        generator: SharedGenerator,
         limits: Limits,
         max_queue: usize,
         cache_size: usize,

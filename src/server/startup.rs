@@ -98,10 +98,20 @@ pub fn ingestor_with(
 /// The query path over an open index: loads the templates and the generation model.
 pub async fn query_engine(config: &Config, index: Index) -> anyhow::Result<QueryEngine> {
     config.check_generation_files()?;
+    let generator = std::sync::Arc::new(Generator::load(&config.generation).await?);
+    query_engine_with(config, index, generator)
+}
+
+/// The query path over an open index with a generation model already loaded (one model
+/// serving several indexes in one process); `config.generation` is not read.
+pub fn query_engine_with(
+    config: &Config,
+    index: Index,
+    generator: crate::query::generate::SharedGenerator,
+) -> anyhow::Result<QueryEngine> {
     let prompts = Prompts::load(&config.prompts.dir)?
         .spotlight(config.safety.spotlight)
         .refusal_phrase(&config.generation.refusal_phrase);
-    let generator = Generator::load(&config.generation).await?;
     let mut safety = config.safety.clone();
     if safety.embedding_check {
         // the embedding head reads vectors of the model it was trained on, only

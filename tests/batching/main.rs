@@ -271,12 +271,12 @@ async fn f16_kv_cache_runs_on_the_f16_kernel() {
     drop(Generator::load(&c).await.expect("load stories260K"));
 }
 
-/// Qwen2.5-Coder-0.5B (the default model, a qwen2 GGUF) on the settings the other Qwen tests
+/// Qwen2.5-Coder-0.5B (a qwen2 GGUF) on the settings the other Qwen tests
 /// compare against: F32 activations and KV cache, no prefix cache, one sequence at a time.
 fn qwen() -> GenerationConfig {
     let mut c = Config::default().generation;
     c.isa = ISA.into();
-    c.model = helpers::default_model();
+    c.model = helpers::qwen_0_5b();
     c.dtype = "f32".into();
     c.kv_cache = "f32".into();
     c.prefix_cache = false;

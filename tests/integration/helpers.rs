@@ -23,6 +23,14 @@ pub fn default_model() -> PathBuf {
     models().join(&m.file)
 }
 
+/// Qwen2.5-Coder-0.5B-Instruct's file (`make test` installs it beside the default): the
+/// batching tests' llama.cpp fixture is its, and it drafts for the 1.5B.
+pub fn qwen_0_5b() -> PathBuf {
+    use docent::query::generate::catalog;
+    let m = catalog::find("qwen2.5-coder-0.5b").expect("the 0.5B is in the catalog");
+    models().join(&m.file)
+}
+
 /// Where the generation tests run: `DOCENT_TEST_DEVICE` (`cpu` by default; `cuda` in a
 /// CUDA build on a GPU machine, which `scripts/gpu-check.sh` sets).
 pub fn test_device() -> String {
@@ -159,7 +167,11 @@ pub fn serve(config: Config) -> String {
             .expect("runtime");
         rt.block_on(async move {
             let index = startup::open_index(&config).await.expect("open index");
-            let engine = Arc::new(startup::query_engine(&config, index).await.expect("engine"));
+            let engine = match shared_generator(&config).await {
+                Some(generator) => startup::query_engine_with(&config, index, generator),
+                None => startup::query_engine(&config, index).await,
+            };
+            let engine = Arc::new(engine.expect("engine"));
             let app = startup::Application::build(&config, engine).expect("bind");
             tx.send(app.port()).expect("send port");
             app.run_until_stopped().await.expect("server");
@@ -167,6 +179,34 @@ pub fn serve(config: Config) -> String {
     });
     let port = rx.recv().expect("server started");
     format!("http://127.0.0.1:{port}")
+}
+
+/// The default model's generator for servers whose generation settings are equal: one copy
+/// of its weights (1.1 GB) for all of them, since every test server lives until the binary
+/// ends (docs/testing.md, "Memory"). Other models load per server. The generator's engine
+/// runs on its own thread, so servers on other runtimes share it.
+async fn shared_generator(config: &Config) -> Option<docent::query::generate::SharedGenerator> {
+    use docent::query::generate::{Generator, SharedGenerator};
+    type Loaded = std::collections::HashMap<String, SharedGenerator>;
+    static LOADED: OnceLock<tokio::sync::Mutex<Loaded>> = OnceLock::new();
+    if config.generation.model != default_model() {
+        return None;
+    }
+    let key = serde_json::to_string(&config.generation).expect("settings as JSON");
+    let mut loaded = LOADED.get_or_init(Default::default).lock().await;
+    if let Some(g) = loaded.get(&key) {
+        return Some(g.clone());
+    }
+    config
+        .check_generation_files()
+        .expect("the default model is installed");
+    let g = Arc::new(
+        Generator::load(&config.generation)
+            .await
+            .expect("load the default model"),
+    );
+    loaded.insert(key, g.clone());
+    Some(g)
 }
 
 pub fn client() -> reqwest::Client {

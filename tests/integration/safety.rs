@@ -241,7 +241,7 @@ async fn injected_instructions_never_reach_the_answer() {
     injected_instructions(None).await;
 }
 
-/// The same with the default model (Qwen2.5-Coder-0.5B-Instruct), which follows
+/// The same with the default model (Qwen2.5-Coder-1.5B-Instruct), which follows
 /// instructions, injected ones included, more readily than the tests' 135M model.
 #[tokio::test]
 async fn injected_instructions_never_reach_the_default_models_answer() {
