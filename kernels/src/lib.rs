@@ -19,6 +19,7 @@ pub mod attention;
 pub mod cpu;
 pub mod matmul;
 pub mod q4k_x8;
+pub mod q5_0_x8;
 pub mod q6k_x8;
 pub mod quant;
 

@@ -40,26 +40,29 @@ use crate::cpu::Isa;
 use crate::quant::{
     dequantize_row, f16_at, q4k_scale_min, q6k_values, resize, Format, Q8KRows, Q8Rows,
 };
-use crate::{q4k_x8, q6k_x8};
+use crate::{q4k_x8, q5_0_x8, q6k_x8};
 
-/// The layouts of K-format weights with eight rows interleaved, by their type ids.
+/// The layouts of weights with eight rows interleaved, by their type ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Interleaved {
     /// [`q4k_x8`]
     Q4K,
     /// [`q6k_x8`]
     Q6K,
+    /// [`q5_0_x8`]
+    Q50,
 }
 
 /// Rows per group of both interleaved layouts.
 const GROUP_ROWS: usize = q4k_x8::ROWS;
-const _: () = assert!(q6k_x8::ROWS == GROUP_ROWS);
+const _: () = assert!(q6k_x8::ROWS == GROUP_ROWS && q5_0_x8::ROWS == GROUP_ROWS);
 
 impl Interleaved {
     fn of(ggml_type: u32) -> Option<Self> {
         match ggml_type {
             q4k_x8::ID => Some(Self::Q4K),
             q6k_x8::ID => Some(Self::Q6K),
+            q5_0_x8::ID => Some(Self::Q50),
             _ => None,
         }
     }
@@ -69,6 +72,7 @@ impl Interleaved {
         match self {
             Self::Q4K => Format::Q4K,
             Self::Q6K => Format::Q6K,
+            Self::Q50 => Format::Q8_0,
         }
     }
 
@@ -76,6 +80,7 @@ impl Interleaved {
         match self {
             Self::Q4K => q4k_x8::fits(rows, cols, bytes),
             Self::Q6K => q6k_x8::fits(rows, cols, bytes),
+            Self::Q50 => q5_0_x8::fits(rows, cols, bytes),
         }
     }
 
@@ -84,6 +89,7 @@ impl Interleaved {
         match self {
             Self::Q4K => q4k_x8::has_kernel(isa),
             Self::Q6K => q6k_x8::has_kernel(isa),
+            Self::Q50 => q5_0_x8::has_kernel(isa),
         }
     }
 
@@ -91,6 +97,7 @@ impl Interleaved {
         match self {
             Self::Q4K => q4k_x8::deinterleave(data, cols, g0, g1, out),
             Self::Q6K => q6k_x8::deinterleave(data, cols, g0, g1, out),
+            Self::Q50 => q5_0_x8::deinterleave(data, cols, g0, g1, out),
         }
     }
 }
@@ -356,6 +363,30 @@ pub fn matmul_with(isa: Isa, w: &WeightView<'_>, x: &[f32], m: usize) -> Option<
                     };
                     let q6k = q6k_x8::kernel(isa).unwrap_or(q6k_x8::Kernel::Avx2);
                     let group = GROUP_ROWS * rb;
+                    if layout == Interleaved::Q50 {
+                        for i0 in (0..m).step_by(TILE) {
+                            let i1 = (i0 + TILE).min(m);
+                            let nb = cols / 32;
+                            let acts: Vec<q5_0_x8::Q8<'_>> = (i0..i1)
+                                .map(|i| {
+                                    let (qs, d, _, _) = act(i).q8();
+                                    (qs, d, &scratch.q8.sums[i * nb..(i + 1) * nb])
+                                })
+                                .collect();
+                            for j in (j0..j1).step_by(GROUP_ROWS) {
+                                let wg = &w.data[j * rb..j * rb + group];
+                                let o = out_ptr.at(i0 * rows + j);
+                                // SAFETY: AVX2/FMA/F16C are present (`has_kernel`, isa capped
+                                // at the processor's); rows j..j + 8 are a whole group inside
+                                // the weights (`fits`, per_task a multiple of 8), the
+                                // activations hold `cols` values and `cols / 32` scales and
+                                // sums, and columns j..j + 8 of output rows i0..i1 are this
+                                // task's alone.
+                                unsafe { q5_0_x8::gemm(wg, cols, &acts, o, rows) };
+                            }
+                        }
+                        return;
+                    }
                     for i0 in (0..m).step_by(TILE) {
                         let i1 = (i0 + TILE).min(m);
                         let acts: Vec<q4k_x8::Q8k<'_>> = (i0..i1).map(|i| act(i).q8k()).collect();
@@ -373,6 +404,7 @@ pub fn matmul_with(isa: Isa, w: &WeightView<'_>, x: &[f32], m: usize) -> Option<
                                 match layout {
                                     Interleaved::Q4K => q4k_x8::gemm(q4k, wg, cols, &acts, o, rows),
                                     Interleaved::Q6K => q6k_x8::gemm(q6k, wg, cols, &acts, o, rows),
+                                    Interleaved::Q50 => unreachable!("handled above"),
                                 }
                             };
                         }
@@ -496,18 +528,21 @@ impl Q8Rows {
         resize(&mut self.qs, rows * cols);
         resize(&mut self.d, rows * nb);
         resize(&mut self.s, rows * nb);
+        resize(&mut self.sums, rows * nb);
         let wide = isa >= crate::Isa::Avx512;
         resize(&mut self.d8, if wide { rows * nb * 8 } else { 0 });
         let x = &x[..rows * cols];
-        for (b, ((xb, qb), (d, s))) in x
+        for (b, (((xb, qb), (d, s)), sums)) in x
             .chunks_exact(32)
             .zip(self.qs.chunks_exact_mut(32))
             .zip(self.d.iter_mut().zip(self.s.iter_mut()))
+            .zip(self.sums.iter_mut())
             .enumerate()
         {
             let (scale, sum) = quantize_block(isa, xb, qb);
             *d = scale;
             *s = scale * sum as f32;
+            *sums = sum;
             if wide {
                 self.d8[8 * b..8 * b + 8].fill(scale);
             }
@@ -2430,131 +2465,141 @@ mod tests {
         }
     }
 
-    #[test]
-    fn interleaved_q4k_gives_what_its_rows_give() {
-        // The same products on the same quantised activations: with AVX2 every step runs the
-        // interleaved kernels (only the order of float additions differs); without, the GGUF
-        // rows are unpacked for the row kernels (bit-identical).
-        let mut rng = Rng(77);
-        for (rows, cols) in [(8, 256), (64, 512), (40, 768), (136, 1536)] {
-            let data: Vec<u8> = (0..rows)
-                .flat_map(|_| random_row(&mut rng, Format::Q4K, cols))
-                .collect();
-            let packed = q4k_x8::interleave(rows, cols, &data).expect("fits");
-            let view = |ggml_type, data| WeightView {
-                ggml_type,
-                rows,
-                cols,
-                data,
-            };
-            let (plain, inter) = (
-                view(Format::Q4K.ggml_id(), &data),
-                view(q4k_x8::ID, &packed),
-            );
-            // every tile size of both kernels: pieces of 8/4/2/1 (VNNI), 4/2/1 (AVX2)
-            for m in [1, 2, 7, 9, 40] {
-                let x: Vec<f32> = (0..m * cols).map(|_| rng.f32()).collect();
-                for isa in Isa::available() {
-                    let want = matmul_with(isa, &plain, &x, m).expect("rows");
-                    let got = matmul_with(isa, &inter, &x, m).expect("interleaved");
-                    if !q4k_x8::has_kernel(isa) {
-                        assert_eq!(got, want, "{isa:?} rows {rows} cols {cols} m {m}");
-                        continue;
-                    }
-                    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
-                        assert!(
-                            (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
-                            "{isa:?} rows {rows} cols {cols}: [{k}] {g} vs {w}"
-                        );
-                    }
-                }
-            }
-        }
-        // a shape that is not whole groups is declined, not misread
-        let data: Vec<u8> = (0..12)
-            .flat_map(|_| random_row(&mut rng, Format::Q4K, 256))
-            .collect();
-        let w = WeightView {
-            ggml_type: q4k_x8::ID,
-            rows: 12,
-            cols: 256,
-            data: &data,
-        };
-        assert!(matmul_with(Isa::Scalar, &w, &[0.5; 256], 1).is_none());
+    /// One interleaved layout, checked against the rows it came from.
+    struct LayoutCase {
+        seed: u64,
+        /// The file's format: the random rows, and the f32 reference.
+        source: Format,
+        /// The rows the matmul reads without the layout (Q5_0: its Q8_0 rewrite), in `plain`.
+        plain: Format,
+        to_plain: fn(&[u8]) -> Vec<u8>,
+        id: u32,
+        interleave: fn(usize, usize, &[u8]) -> Option<Vec<u8>>,
+        has_kernel: fn(Isa) -> bool,
+        shapes: &'static [(usize, usize)],
     }
 
-    #[test]
-    fn interleaved_q6k_gives_what_its_rows_give() {
-        // As for Q4_K: with AVX2 every step runs the interleaved kernels on the same quantised
-        // activations as the row kernels (only the order of float additions differs); below,
-        // the GGUF rows are unpacked for the row kernels (bit-identical). Both also against
-        // the f32 reference, within the 8-bit activations' rounding.
-        let mut rng = Rng(78);
-        for (rows, cols) in [(8, 256), (64, 512), (40, 768), (136, 1536)] {
+    /// At every instruction-set level: with the layout's kernels only the order of float
+    /// additions differs from the row kernels (on the same quantised activations); below, the
+    /// rows are unpacked for the row kernels (bit-identical). Both within the 8-bit
+    /// activations' rounding of the f32 reference; each activation row gives the same bits
+    /// alone as beside others (batched decode gives the tokens of single decode), at every
+    /// tile size of the kernels (pieces of 8/4/2/1 with AVX-512, 4/2/1 with AVX2), decode and
+    /// draft rows (split as decode) and prefill tiles of 16; a shape that is not whole groups
+    /// is declined, not misread.
+    fn check_layout(c: &LayoutCase) {
+        let mut rng = Rng(c.seed);
+        for &(rows, cols) in c.shapes {
             let data: Vec<u8> = (0..rows)
-                .flat_map(|_| random_row(&mut rng, Format::Q6K, cols))
+                .flat_map(|_| random_row(&mut rng, c.source, cols))
                 .collect();
-            let packed = q6k_x8::interleave(rows, cols, &data).expect("fits");
+            let plain_data = (c.to_plain)(&data);
+            let packed = (c.interleave)(rows, cols, &data).expect("fits");
             let view = |ggml_type, data| WeightView {
                 ggml_type,
                 rows,
                 cols,
                 data,
             };
-            let (plain, inter) = (
-                view(Format::Q6K.ggml_id(), &data),
-                view(q6k_x8::ID, &packed),
+            let (source, plain, inter) = (
+                view(c.source.ggml_id(), &data),
+                view(c.plain.ggml_id(), &plain_data),
+                view(c.id, &packed),
             );
             let wmax = {
                 let mut row = vec![0f32; cols];
-                let rb = Format::Q6K.row_bytes(cols).expect("row bytes");
+                let rb = c.source.row_bytes(cols).expect("row bytes");
                 (0..rows).fold(0f32, |mx, j| {
-                    dequantize_row(Format::Q6K, &data[j * rb..(j + 1) * rb], &mut row);
+                    dequantize_row(c.source, &data[j * rb..(j + 1) * rb], &mut row);
                     row.iter().fold(mx, |a, v| a.max(v.abs()))
                 })
             };
             let tol_ref = wmax * cols as f32 * (0.5 / 127.0) * 0.5 + 1e-3;
-            // the float rounding of sums of up to `cols` products of up to wmax (Q6_K's values
-            // reach 32 · 127 · d, so results cancel from far larger terms than Q4_K's)
+            // the float rounding of sums of up to `cols` products of up to wmax (Q6_K's
+            // values reach 32 · 127 · d, so results cancel from far larger terms than Q4_K's)
             let tol_rows = 1e-7 * wmax * cols as f32;
-            // every tile size of the kernels (pieces of 8/4/2/1 with AVX-512, 4/2/1 with
-            // AVX2), decode and draft rows (split as decode) and prefill tiles of 16
             for m in [1, 3, 4, 5, 8, 9, 17, 40] {
                 let x: Vec<f32> = (0..m * cols).map(|_| rng.f32()).collect();
-                let reference = matmul_reference(&plain, &x, m).expect("reference");
+                let reference = matmul_reference(&source, &x, m).expect("reference");
                 for isa in Isa::available() {
+                    let at = format!("{isa:?} rows {rows} cols {cols} m {m}");
                     let want = matmul_with(isa, &plain, &x, m).expect("rows");
                     let got = matmul_with(isa, &inter, &x, m).expect("interleaved");
                     assert_eq!(got.len(), m * rows);
-                    if !q6k_x8::has_kernel(isa) {
-                        assert_eq!(got, want, "{isa:?} rows {rows} cols {cols} m {m}");
+                    if !(c.has_kernel)(isa) {
+                        assert_eq!(got, want, "{at}");
                     }
                     for (k, ((g, w), r)) in got.iter().zip(&want).zip(&reference).enumerate() {
                         assert!(
                             (g - w).abs() <= 1e-4 * (1.0 + w.abs()) + tol_rows,
-                            "{isa:?} rows {rows} cols {cols} m {m}: [{k}] {g} vs rows {w}"
+                            "{at}: [{k}] {g} vs rows {w}"
                         );
-                        assert!(
-                            (g - r).abs() <= tol_ref,
-                            "{isa:?} rows {rows} cols {cols} m {m}: [{k}] {g} vs reference {r}"
-                        );
+                        assert!((g - r).abs() <= tol_ref, "{at}: [{k}] {g} vs reference {r}");
+                    }
+                    for i in [0, m - 1] {
+                        let one = matmul_with(isa, &inter, &x[i * cols..(i + 1) * cols], 1)
+                            .expect("one row");
+                        assert_eq!(one, got[i * rows..(i + 1) * rows], "{at}: row {i} alone");
                     }
                 }
             }
         }
-        // a shape that is not whole groups is declined, not misread
-        let data: Vec<u8> = (0..12)
-            .flat_map(|_| random_row(&mut rng, Format::Q6K, 256))
-            .collect();
+        let (rows, cols) = (12, c.shapes[0].1);
+        let bytes = c.plain.row_bytes(cols).expect("row bytes") * rows;
         let w = WeightView {
-            ggml_type: q6k_x8::ID,
-            rows: 12,
-            cols: 256,
-            data: &data,
+            ggml_type: c.id,
+            rows,
+            cols,
+            data: &vec![0u8; bytes],
         };
         for isa in Isa::available() {
-            assert!(matmul_with(isa, &w, &[0.5; 256], 1).is_none());
+            assert!(matmul_with(isa, &w, &vec![0.5; cols], 1).is_none());
         }
+    }
+
+    const K_SHAPES: &[(usize, usize)] = &[(8, 256), (64, 512), (40, 768), (136, 1536)];
+
+    #[test]
+    fn interleaved_q4k_gives_what_its_rows_give() {
+        check_layout(&LayoutCase {
+            seed: 77,
+            source: Format::Q4K,
+            plain: Format::Q4K,
+            to_plain: <[u8]>::to_vec,
+            id: q4k_x8::ID,
+            interleave: q4k_x8::interleave,
+            has_kernel: q4k_x8::has_kernel,
+            shapes: K_SHAPES,
+        });
+    }
+
+    #[test]
+    fn interleaved_q6k_gives_what_its_rows_give() {
+        check_layout(&LayoutCase {
+            seed: 78,
+            source: Format::Q6K,
+            plain: Format::Q6K,
+            to_plain: <[u8]>::to_vec,
+            id: q6k_x8::ID,
+            interleave: q6k_x8::interleave,
+            has_kernel: q6k_x8::has_kernel,
+            shapes: K_SHAPES,
+        });
+    }
+
+    #[test]
+    fn interleaved_q5_0_gives_what_its_rows_give() {
+        // the rows it replaces are the Q8_0 rewrite; the reference is the Q5_0 file's
+        check_layout(&LayoutCase {
+            seed: 79,
+            source: Format::Q5_0,
+            plain: Format::Q8_0,
+            to_plain: |d| crate::quant::q5_0_as_q8_0(d).expect("whole blocks"),
+            id: q5_0_x8::ID,
+            interleave: q5_0_x8::interleave,
+            has_kernel: q5_0_x8::has_kernel,
+            shapes: &[(8, 32), (64, 96), (40, 896), (136, 4864)],
+        });
     }
 
     #[test]

@@ -150,6 +150,34 @@ pub fn deinterleave(data: &[u8], cols: usize, g0: usize, g1: usize, out: &mut Ve
     }
 }
 
+/// The frame of a layout's `deinterleave` ([`crate::q6k_x8`], [`crate::q5_0_x8`]): groups
+/// `g0..g1` of an interleaved matrix with `nb` blocks per row and `group_block` bytes per
+/// group block, as rows of `row_block` bytes per block, written into `out` (resized);
+/// `f(src, r, blk)` fills row `r`'s block `blk` from its group block `src`.
+#[allow(clippy::too_many_arguments)] // the shape of the two layouts, then the work
+pub(crate) fn ungroup(
+    data: &[u8],
+    nb: usize,
+    group_block: usize,
+    row_block: usize,
+    (g0, g1): (usize, usize),
+    out: &mut Vec<u8>,
+    mut f: impl FnMut(&[u8], usize, &mut [u8]),
+) {
+    let rb = nb * row_block;
+    out.clear();
+    out.resize((g1 - g0) * ROWS * rb, 0);
+    for g in g0..g1 {
+        for b in 0..nb {
+            let src = &data[(g * nb + b) * group_block..][..group_block];
+            for r in 0..ROWS {
+                let at = ((g - g0) * ROWS + r) * rb + b * row_block;
+                f(src, r, &mut out[at..at + row_block]);
+            }
+        }
+    }
+}
+
 /// `len` activation rows as pieces `(start, count)` of powers of two, at most `largest`
 /// (itself a power of two), largest first: the kernels keep a piece's accumulators in
 /// registers, so each count is its own instantiation (this layout's and [`crate::q6k_x8`]'s).

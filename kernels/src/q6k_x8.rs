@@ -147,33 +147,32 @@ pub fn interleave(rows: usize, cols: usize, data: &[u8]) -> Option<Vec<u8>> {
 /// Groups `g0..g1` of an interleaved matrix (`cols` wide) back to GGUF Q6_K rows
 /// `8·g0..8·g1`, written into `out` (resized), byte for byte what [`interleave`] read.
 pub fn deinterleave(data: &[u8], cols: usize, g0: usize, g1: usize, out: &mut Vec<u8>) {
-    let nb = cols / 256;
-    let rb = nb * 210;
-    out.clear();
-    out.resize((g1 - g0) * ROWS * rb, 0);
-    for g in g0..g1 {
-        for b in 0..nb {
-            let src = &data[(g * nb + b) * GROUP_BLOCK_BYTES..][..GROUP_BLOCK_BYTES];
-            for r in 0..ROWS {
-                let blk = &mut out[((g - g0) * ROWS + r) * rb + b * 210..][..210];
-                blk[208..210].copy_from_slice(&src[2 * r..2 * r + 2]);
-                for s in 0..16 {
-                    blk[192 + s] = src[SCALES + 16 * (s / 2) + 2 * r + s % 2];
-                }
-                let mut v = [0u8; 256];
-                for j in 0..16 {
-                    for k in 0..3 {
-                        for t in 0..4 {
-                            let byte = src[VALUES + 96 * j + 32 * k + 4 * r + t];
-                            v[16 * j + 4 * k + t] = byte & 63;
-                            v[16 * j + 12 + t] |= (byte >> 6) << (2 * k);
-                        }
+    let block = (GROUP_BLOCK_BYTES, 210);
+    crate::q4k_x8::ungroup(
+        data,
+        cols / 256,
+        block.0,
+        block.1,
+        (g0, g1),
+        out,
+        |src, r, blk| {
+            blk[208..210].copy_from_slice(&src[2 * r..2 * r + 2]);
+            for s in 0..16 {
+                blk[192 + s] = src[SCALES + 16 * (s / 2) + 2 * r + s % 2];
+            }
+            let mut v = [0u8; 256];
+            for j in 0..16 {
+                for k in 0..3 {
+                    for t in 0..4 {
+                        let byte = src[VALUES + 96 * j + 32 * k + 4 * r + t];
+                        v[16 * j + 4 * k + t] = byte & 63;
+                        v[16 * j + 12 + t] |= (byte >> 6) << (2 * k);
                     }
                 }
-                pack_values(&v, blk);
             }
-        }
-    }
+            pack_values(&v, blk);
+        },
+    );
 }
 
 /// The kernels of the layout on x86-64.

@@ -256,13 +256,15 @@ pub fn q5_0_as_q8_0(data: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// Activation rows quantised to 8 bits in blocks of 32: `qs` (rows × cols), and per block
-/// the scale `d` and `s = d·Σq`.
+/// the scale `d`, `s = d·Σq` and `Σq`.
 #[derive(Debug, Default)]
 pub struct Q8Rows {
     pub cols: usize,
     pub qs: Vec<i8>,
     pub d: Vec<f32>,
     pub s: Vec<f32>,
+    /// Each block's `Σq` (for the interleaved Q5_0 layout, whose values are stored `+ 16`).
+    pub sums: Vec<i32>,
     /// Each block's `d` eight times over (AVX-512 only: two blocks' scales are one vector
     /// load, lanes 0..8 and 8..16, matching the lanes of a two-block product).
     pub d8: Vec<f32>,

@@ -174,7 +174,9 @@ pub struct GenerationConfig {
     pub kv_cache: String,
     /// Rewrite weights when a GGUF model loads, for docent's CPU kernels (not with ISQ):
     /// Q5_0 as Q8_0 (the same values, bit-identical answers; prefill without unpacking the
-    /// fifth bit; 12 more bytes per 32 such weights, Qwen2.5 0.5B: +120 MB), and Q4_K and
+    /// fifth bit; 12 more bytes per 32 such weights, Qwen2.5 0.5B: +120 MB), on AVX2
+    /// machines without AVX-512 as eight rows interleaved with one unsigned byte per value
+    /// instead (the same size; the same values, summed in another order), and Q4_K and
     /// Q6_K with eight rows interleaved on x86-64 with AVX2 (the same bytes rearranged;
     /// decode reads eight rows at once).
     #[serde(default = "default_true")]

@@ -286,9 +286,9 @@ fn qwen() -> GenerationConfig {
 }
 
 /// `generation.repack = false`: the Q5_0 weights stay as in the file, on their own kernels,
-/// and give the ids of the Q8_0 rewrite (the fixture), which is lossless. The switch also
-/// keeps the Q4_K weights in rows (the fixture's run interleaved them), whose kernels add up
-/// in another order, so the two runs may part only at a near-tie: where llama.cpp's top two
+/// and give the ids of the rewrite (the fixture: eight rows interleaved at the AVX2 cap),
+/// which is lossless. The rewritten layouts' kernels (Q5_0 and Q4_K interleaved) add up in
+/// another order than the row kernels, so the two runs may part only at a near-tie: where llama.cpp's top two
 /// logits are within 0.25, the fixture test's bound (a wrong Q5_0 product parts them where
 /// the margin is wide: 3.2 and 6.6 at the first token of these prompts).
 #[tokio::test]
@@ -401,9 +401,9 @@ async fn qwen_greedy_tokens_match_the_fixture_and_llama_cpp() {
     let (repacked, interleaved) = (cpu_kernels::repacked(), cpu_kernels::interleaved());
     let generator = Generator::load(&qwen()).await.expect("load Qwen 0.5B");
     // generation.repack (on): the Q5_0 projections (q, k, v, o, gate, up: 896 columns)
-    // run as Q8_0, and the ids below are the ones recorded on the Q5_0 kernels; with AVX2
-    // (the cap here) the Q4_K weights (some layers' down projections) are interleaved by eight
-    // rows, and decode runs on that layout
+    // are rewritten; with AVX2 (the cap here) as eight rows interleaved, one byte per value
+    // (docent_kernels::q5_0_x8), and the Q4_K weights (some layers' down projections) are
+    // interleaved by eight rows too: prefill and decode run on those layouts
     let q4k = cpu_kernels::interleaved() - interleaved;
     assert!(
         cpu_kernels::repacked() - repacked - q4k >= QWEN_LAYERS * 4,

@@ -105,7 +105,9 @@ fn matmul(w: &cpu_hooks::WeightView<'_>, x: &[f32], m: usize) -> Option<Vec<f32>
 /// The load-time rewrites, when `generation.repack` is on:
 /// - Q5_0 → Q8_0: the same values without the fifth bit to unpack; prefill then runs on the
 ///   Q8_0 tile (decode reads 34 bytes per 32 weights instead of 22, measured no slower:
-///   docs/benchmarks.md, "Qwen2.5-Coder on docent's engine");
+///   docs/benchmarks.md, "Qwen2.5-Coder on docent's engine"); with AVX2 and no AVX-512, the
+///   same bytes as eight rows interleaved, one unsigned byte per value
+///   ([`docent_kernels::q5_0_x8`]);
 /// - Q4_K and Q6_K → eight rows interleaved ([`docent_kernels::q4k_x8`],
 ///   [`docent_kernels::q6k_x8`]), where the processor runs that layout's kernel (x86-64 with
 ///   AVX2): the same bytes rearranged, read eight rows at once by every matmul.
@@ -114,20 +116,23 @@ fn repack_weight(w: &cpu_hooks::WeightView<'_>) -> Option<(u32, Vec<u8>)> {
     if !REPACK.load(Ordering::Relaxed) {
         return None;
     }
+    let isa = docent_kernels::cpu::isa();
     let out = if w.ggml_type == Format::Q5_0.ggml_id() {
-        (
-            Format::Q8_0.ggml_id(),
-            docent_kernels::quant::q5_0_as_q8_0(w.data)?,
-        )
-    } else if w.ggml_type == Format::Q4K.ggml_id()
-        && docent_kernels::q4k_x8::has_kernel(docent_kernels::cpu::isa())
-    {
+        match docent_kernels::q5_0_x8::preferred(isa)
+            .then(|| docent_kernels::q5_0_x8::interleave(w.rows, w.cols, w.data))
+            .flatten()
+        {
+            Some(out) => (docent_kernels::q5_0_x8::ID, out),
+            None => (
+                Format::Q8_0.ggml_id(),
+                docent_kernels::quant::q5_0_as_q8_0(w.data)?,
+            ),
+        }
+    } else if w.ggml_type == Format::Q4K.ggml_id() && docent_kernels::q4k_x8::has_kernel(isa) {
         let out = docent_kernels::q4k_x8::interleave(w.rows, w.cols, w.data)?;
         INTERLEAVED.fetch_add(1, Ordering::Relaxed);
         (docent_kernels::q4k_x8::ID, out)
-    } else if w.ggml_type == Format::Q6K.ggml_id()
-        && docent_kernels::q6k_x8::has_kernel(docent_kernels::cpu::isa())
-    {
+    } else if w.ggml_type == Format::Q6K.ggml_id() && docent_kernels::q6k_x8::has_kernel(isa) {
         let out = docent_kernels::q6k_x8::interleave(w.rows, w.cols, w.data)?;
         INTERLEAVED.fetch_add(1, Ordering::Relaxed);
         (docent_kernels::q6k_x8::ID, out)

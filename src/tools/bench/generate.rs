@@ -357,11 +357,13 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
                 docent_kernels::cpu::isa().name(),
                 match (
                     opts.repack,
+                    docent_kernels::q5_0_x8::preferred(docent_kernels::cpu::isa()),
                     docent_kernels::q4k_x8::has_kernel(docent_kernels::cpu::isa())
                 ) {
-                    (true, true) => ", Q5_0 as Q8_0, Q4_K and Q6_K interleaved",
-                    (true, false) => ", Q5_0 as Q8_0",
-                    (false, _) => "",
+                    (true, true, _) => ", Q5_0, Q4_K and Q6_K interleaved",
+                    (true, false, true) => ", Q5_0 as Q8_0, Q4_K and Q6_K interleaved",
+                    (true, false, false) => ", Q5_0 as Q8_0",
+                    (false, _, _) => "",
                 }
             )
         } else {

@@ -129,10 +129,13 @@ fn repacked(q: Arc<QTensor>) -> Result<(Arc<QTensor>, u32)> {
         return Ok((q, 0));
     };
     // a GGML type, or a layout of the hook's own (ids above 0xFFFF) in the same number of
-    // bytes, kept in a tensor of the original type that only the matmul hook reads
+    // bytes, kept in a tensor of the original type that only the matmul hook reads, or in
+    // Q8_0's number of bytes, kept in a Q8_0 tensor (docent)
+    let q8_0_bytes = (cols % 32 == 0).then(|| rows * cols / 32 * 34);
     let (dtype, layout) = match id {
         8 => (GgmlDType::Q8_0, 0),
         id if id > 0xFFFF && bytes.len() == data.len() => (q.dtype(), id),
+        id if id > 0xFFFF && Some(bytes.len()) == q8_0_bytes => (GgmlDType::Q8_0, id),
         _ => candle_core::bail!("repack hook returned unsupported ggml type {id}"),
     };
     let q = qtensor_from_ggml(dtype, &bytes, vec![rows, cols], &Device::Cpu)?;
