@@ -175,6 +175,11 @@ pub enum Command {
         /// below its threshold are asked of the configured model.
         #[arg(long)]
         model_check: Option<f32>,
+        /// With the second stage: also ask about every text under the threshold that is
+        /// written in another language than English (`safety.model_check_foreign`); alone,
+        /// only those.
+        #[arg(long)]
+        model_check_foreign: bool,
         #[arg(long)]
         json: bool,
     },

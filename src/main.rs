@@ -152,15 +152,22 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             defences,
             dump,
             model_check,
+            model_check_foreign,
             no_embedding_head,
             json,
         } => {
-            if let Some(band) = model_check {
+            if model_check.is_some() || model_check_foreign {
+                let band = model_check.unwrap_or(0.0);
                 let generator =
                     docent::query::generate::Generator::load(&config.generation).await?;
-                let report =
-                    docent::tools::eval::safety::second_stage(&dataset, &heldout, &generator, band)
-                        .await?;
+                let report = docent::tools::eval::safety::second_stage(
+                    &dataset,
+                    &heldout,
+                    &generator,
+                    band,
+                    model_check_foreign,
+                )
+                .await?;
                 return print_report(&report, json);
             }
             if let Some(path) = e2e {

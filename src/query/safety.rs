@@ -733,7 +733,8 @@ pub fn neutralise(text: &str) -> (String, Vec<String>) {
 pub enum Suspicion {
     Clean,
     Flagged,
-    /// Below the threshold, within `model_check_band` of it: the piece to ask about.
+    /// Below the threshold, within `model_check_band` of it (or in another language, with
+    /// `model_check_foreign`): the piece to ask about.
     Unsure(String),
 }
 
@@ -787,8 +788,12 @@ pub struct SafetyConfig {
     pub answer_check: bool,
     /// The second stage: a chunk the classifier scores this far below its threshold (in
     /// probability) or less is put to the generation model as a yes/no question
-    /// ([`MODEL_CHECK_QUESTION`]) and flagged when it says yes. 0 (the default): off.
-    #[serde(default)]
+    /// ([`MODEL_CHECK_QUESTION`]) and flagged when it says yes. 0: off. The default, 0.3,
+    /// was measured with the default model (Qwen2.5-Coder-1.5B): six of nine held-out attack
+    /// categories at 80 % or more against three, no false positive added on ordinary
+    /// questions and chunks, and at most one question in eight asks at all. With another
+    /// model, choose `model_check_yes` again (`docent eval-injection --model-check 0.3`).
+    #[serde(default = "default_model_check_band")]
     pub model_check_band: f32,
     /// The second stage flags a chunk when the model's probability of "yes" (against
     /// "no") is at least this. The default was chosen on the dev split of the training
@@ -798,6 +803,12 @@ pub struct SafetyConfig {
     /// 0.5B's choice, 0.7, adds no detection: its "yes" seldom goes past 0.7).
     #[serde(default = "default_model_check_yes")]
     pub model_check_yes: f32,
+    /// The second stage also asks about every chunk under the threshold that is written in
+    /// another language or script than English ([`signals::foreign`]), whatever its score:
+    /// the classifier learnt mostly from English, so a low score says little there. Off by
+    /// default; costs one question to the model per such chunk.
+    #[serde(default)]
+    pub model_check_foreign: bool,
     /// Also flag a question whose MiniLM vector (the one retrieval uses) the embedding
     /// head flags ([`dense`]). On by default. Chunks are not embedded for it: the head adds
     /// little on tasks planted in documents, and a chunk's embedding costs several times the
@@ -808,6 +819,13 @@ pub struct SafetyConfig {
 
 /// [`SafetyConfig::model_check_yes`]'s default (chosen on the dev split).
 pub const DEFAULT_MODEL_CHECK_YES: f32 = 0.8;
+/// [`SafetyConfig::model_check_band`]'s default: the band measured with the default model
+/// (docs/evaluation.md, "The second stage").
+pub const DEFAULT_MODEL_CHECK_BAND: f32 = 0.3;
+
+fn default_model_check_band() -> f32 {
+    DEFAULT_MODEL_CHECK_BAND
+}
 
 fn default_model_check_yes() -> f32 {
     DEFAULT_MODEL_CHECK_YES
@@ -826,8 +844,9 @@ impl Default for SafetyConfig {
             deny: Vec::new(),
             spotlight: false,
             answer_check: true,
-            model_check_band: 0.0,
+            model_check_band: DEFAULT_MODEL_CHECK_BAND,
             model_check_yes: DEFAULT_MODEL_CHECK_YES,
+            model_check_foreign: false,
             embedding_check: true,
         }
     }
@@ -949,8 +968,9 @@ impl Filter {
         let (score, piece) = m.score_with_piece(text);
         if score >= m.threshold {
             Suspicion::Flagged
-        } else if self.config.model_check_band > 0.0
-            && score >= m.threshold - self.config.model_check_band
+        } else if (self.config.model_check_band > 0.0
+            && score >= m.threshold - self.config.model_check_band)
+            || (self.config.model_check_foreign && signals::foreign(text))
         {
             Suspicion::Unsure(piece)
         } else {
@@ -1211,7 +1231,11 @@ mod tests {
         let (attack_score, plain_score) = (m.score(attack), m.score(plain));
         assert!(attack_score >= m.threshold && plain_score < m.threshold);
         // off: only flagged or clean
-        let off = Filter::new(SafetyConfig::default()).unwrap();
+        let off = Filter::new(SafetyConfig {
+            model_check_band: 0.0,
+            ..Default::default()
+        })
+        .unwrap();
         assert_eq!(off.suspicion(attack), Suspicion::Flagged);
         assert_eq!(off.suspicion(plain), Suspicion::Clean);
         // a band that reaches the plain sentence's score makes it unsure, with its piece
@@ -1225,6 +1249,29 @@ mod tests {
             matches!(on.suspicion(plain), Suspicion::Unsure(p) if p.contains("borrow checker"))
         );
         assert_eq!(on.suspicion(attack), Suspicion::Flagged);
+    }
+
+    #[test]
+    fn foreign_chunks_go_to_the_second_stage_when_asked() {
+        let m = &*classifier::BUILTIN;
+        let german = "Die Berliner Mauer wurde im August 1961 gebaut und trennte die Stadt bis zum November 1989.";
+        let english =
+            "The Berlin Wall was built in August 1961 and divided the city until November 1989.";
+        assert!(m.score(german) < m.threshold && m.score(english) < m.threshold);
+        let off = Filter::new(SafetyConfig {
+            model_check_band: 0.0,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(off.suspicion(german), Suspicion::Clean);
+        let on = Filter::new(SafetyConfig {
+            model_check_band: 0.0,
+            model_check_foreign: true,
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(matches!(on.suspicion(german), Suspicion::Unsure(p) if p.contains("mauer")));
+        assert_eq!(on.suspicion(english), Suspicion::Clean);
     }
 
     #[test]

@@ -425,6 +425,8 @@ pub struct CutoffRow {
 #[derive(Debug, Clone, Serialize)]
 pub struct SecondStageReport {
     pub band: f32,
+    /// Texts in another language than English were asked whatever their score.
+    pub foreign: bool,
     pub threshold: f32,
     /// The cutoff chosen on dev (`None`: no cutoff keeps the ordinary texts within bounds).
     pub yes_cutoff: Option<f32>,
@@ -440,6 +442,9 @@ pub const YES_CUTOFFS: [f32; 10] = [0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0
 /// The ordinary texts whose false positives the stage must keep low (the goal's "natural
 /// questions and ordinary document chunks", and e-mails to people).
 const ORDINARY: [&str; 3] = ["benign_question", "benign_chunk", "benign_email"];
+/// Ordinary questions in other languages, held to the same bound when the stage asks about
+/// every foreign text (`--model-check-foreign`).
+const FOREIGN_ORDINARY: &str = "benign_multilingual";
 /// The most the stage may add to one ordinary dev category (half the goal's 1 %).
 const MAX_ADDED_FALSE_POSITIVES: f64 = 0.005;
 
@@ -454,7 +459,11 @@ struct Judged {
 
 /// The lowest cutoff at which the stage adds at most [`MAX_ADDED_FALSE_POSITIVES`] to every
 /// ordinary category of dev, with the dev table behind the choice.
-fn choose_yes_cutoff(sets: &Sets, judged: &[Judged]) -> (Option<f32>, Vec<CutoffRow>) {
+fn choose_yes_cutoff(
+    sets: &Sets,
+    judged: &[Judged],
+    ordinary: &[&str],
+) -> (Option<f32>, Vec<CutoffRow>) {
     let dev = |j: &&Judged| sets[j.set].0 == "dev split";
     let mut table = Vec::new();
     let mut chosen = None;
@@ -465,7 +474,7 @@ fn choose_yes_cutoff(sets: &Sets, judged: &[Judged]) -> (Option<f32>, Vec<Cutoff
             attacks.iter().filter(|j| flags(j)).count() as f64 / attacks.len().max(1) as f64;
         let mut worst = 0f64;
         for (i, (source, category, _)) in sets.iter().enumerate() {
-            if source != "dev split" || !ORDINARY.contains(&category.as_str()) {
+            if source != "dev split" || !ordinary.contains(&category.as_str()) {
                 continue;
             }
             let of: Vec<&Judged> = judged
@@ -498,6 +507,7 @@ pub async fn second_stage(
     heldout: &Path,
     generator: &crate::query::generate::Generator,
     band: f32,
+    foreign: bool,
 ) -> anyhow::Result<SecondStageReport> {
     use crate::query::safety::{classifier::BUILTIN, model_check_prompt, MODEL_CHECK_SYSTEM};
     let m = &*BUILTIN;
@@ -508,7 +518,9 @@ pub async fn second_stage(
         for t in texts {
             let (score, piece) = m.score_with_piece(&t.text);
             let before = score >= m.threshold;
-            let yes = if !before && score >= m.threshold - band {
+            let asked = (band > 0.0 && score >= m.threshold - band)
+                || (foreign && crate::query::safety::signals::foreign(&t.text));
+            let yes = if !before && asked {
                 let started = std::time::Instant::now();
                 let yes = generator
                     .yes_probability(MODEL_CHECK_SYSTEM, &model_check_prompt(&piece))
@@ -526,7 +538,12 @@ pub async fn second_stage(
             });
         }
     }
-    let (yes_cutoff, dev) = choose_yes_cutoff(&sets, &judged);
+    // with every foreign text asked, questions in other languages count as ordinary too
+    let mut ordinary = ORDINARY.to_vec();
+    if foreign {
+        ordinary.push(FOREIGN_ORDINARY);
+    }
+    let (yes_cutoff, dev) = choose_yes_cutoff(&sets, &judged, &ordinary);
     let mut rows = Vec::new();
     for (i, (source, category, _)) in sets.iter().enumerate() {
         for label in [1u8, 0] {
@@ -557,6 +574,7 @@ pub async fn second_stage(
     ms.sort_by(f64::total_cmp);
     Ok(SecondStageReport {
         band,
+        foreign,
         threshold: m.threshold,
         yes_cutoff,
         dev,
@@ -571,17 +589,27 @@ impl fmt::Display for SecondStageReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "second stage: texts scored in [{:.3}, {:.3}) asked of the model ({} asked; {:.0} ms p50, {:.0} ms p95 each)",
+            "second stage: texts scored in [{:.3}, {:.3}){} asked of the model ({} asked; {:.0} ms p50, {:.0} ms p95 each)",
             self.threshold - self.band,
             self.threshold,
+            if self.foreign {
+                ", and every text under the threshold in another language than English,"
+            } else {
+                ""
+            },
             self.asked,
             self.ms_per_ask_p50,
             self.ms_per_ask_p95
         )?;
         writeln!(
             f,
-            "dev split, per \"yes\" cutoff: attacks detected, and the most false positives added to one of {}:",
-            ORDINARY.join(", ")
+            "dev split, per \"yes\" cutoff: attacks detected, and the most false positives added to one of {}{}:",
+            ORDINARY.join(", "),
+            if self.foreign {
+                format!(", {FOREIGN_ORDINARY}")
+            } else {
+                String::new()
+            }
         )?;
         for r in &self.dev {
             writeln!(
@@ -734,7 +762,7 @@ mod cutoff_tests {
                 yes: Some(0.99),
             });
         }
-        let (chosen, table) = choose_yes_cutoff(&sets, &judged);
+        let (chosen, table) = choose_yes_cutoff(&sets, &judged, &super::ORDINARY);
         assert_eq!(chosen, Some(0.7));
         let at = |y: f32| table.iter().find(|r| r.yes == y).expect("row");
         assert!((at(0.6).added_false_positives - 0.01).abs() < 1e-9);
