@@ -350,63 +350,60 @@ pub fn matmul_with(isa: Isa, w: &WeightView<'_>, x: &[f32], m: usize) -> Option<
             let j0 = chunk * per_task;
             let j1 = (j0 + per_task).min(rows);
             if let Some(layout) = interleaved {
-                // group by group against tiles of activation rows: a group's weights are
-                // read from memory once and stay in L1 while the tile passes by, and its
-                // values are unpacked once per few activation rows
+                // the layout's kernels, group by group against tiles of activation rows
+                // ([`Groups::run`]); without them, the task's rows unpacked for the row kernels
                 #[cfg(target_arch = "x86_64")]
                 if layout.has_kernel(isa) {
-                    const TILE: usize = 16;
-                    let q4k = if isa >= Isa::Avx512 && q4k_x8::avx512::available() {
-                        q4k_x8::Kernel::Vnni
-                    } else {
-                        q4k_x8::Kernel::Avx2
+                    let tiles = Groups {
+                        m,
+                        j0,
+                        j1,
+                        rb,
+                        rows,
                     };
-                    let q6k = q6k_x8::kernel(isa).unwrap_or(q6k_x8::Kernel::Avx2);
-                    let group = GROUP_ROWS * rb;
-                    if layout == Interleaved::Q50 {
-                        for i0 in (0..m).step_by(TILE) {
-                            let i1 = (i0 + TILE).min(m);
-                            let nb = cols / 32;
-                            let acts: Vec<q5_0_x8::Q8<'_>> = (i0..i1)
-                                .map(|i| {
-                                    let (qs, d, _, _) = act(i).q8();
-                                    (qs, d, &scratch.q8.sums[i * nb..(i + 1) * nb])
-                                })
-                                .collect();
-                            for j in (j0..j1).step_by(GROUP_ROWS) {
-                                let wg = &w.data[j * rb..j * rb + group];
-                                let o = out_ptr.at(i0 * rows + j);
-                                // SAFETY: AVX2/FMA/F16C are present (`has_kernel`, isa capped
-                                // at the processor's); rows j..j + 8 are a whole group inside
-                                // the weights (`fits`, per_task a multiple of 8), the
-                                // activations hold `cols` values and `cols / 32` scales and
-                                // sums, and columns j..j + 8 of output rows i0..i1 are this
-                                // task's alone.
-                                unsafe { q5_0_x8::gemm(wg, cols, &acts, o, rows) };
-                            }
-                        }
-                        return;
-                    }
-                    for i0 in (0..m).step_by(TILE) {
-                        let i1 = (i0 + TILE).min(m);
-                        let acts: Vec<q4k_x8::Q8k<'_>> = (i0..i1).map(|i| act(i).q8k()).collect();
-                        for j in (j0..j1).step_by(GROUP_ROWS) {
-                            let wg = &w.data[j * rb..j * rb + group];
-                            let o = out_ptr.at(i0 * rows + j);
-                            // SAFETY: AVX2/FMA/F16C are present (isa was capped at what the
-                            // processor has; `has_kernel`), and for Q4_K's `Vnni` AVX-512
-                            // F/BW/VL/VNNI (`available`), for Q6_K's what `kernel` checked;
-                            // rows j..j + 8 are a whole group inside the weights (`fits`,
-                            // per_task a multiple of 8), the activations hold `cols` values,
-                            // and columns j..j + 8 of output rows i0..i1 are this task's
-                            // alone.
-                            unsafe {
-                                match layout {
-                                    Interleaved::Q4K => q4k_x8::gemm(q4k, wg, cols, &acts, o, rows),
-                                    Interleaved::Q6K => q6k_x8::gemm(q6k, wg, cols, &acts, o, rows),
-                                    Interleaved::Q50 => unreachable!("handled above"),
-                                }
+                    // SAFETY (each kernel below): AVX2/FMA/F16C are present (isa was capped
+                    // at what the processor has; `has_kernel`), and for Q4_K's `Vnni` AVX-512
+                    // F/BW/VL/VNNI (`available`), for Q6_K's what `kernel` checked; `tiles`
+                    // hands each a whole group of rows inside the weights (`fits`, per_task a
+                    // multiple of 8), activations of `cols` values (with `cols / 32` scales
+                    // and sums for Q5_0), and the output of columns j..j + 8 of its rows,
+                    // which are this task's alone.
+                    match layout {
+                        Interleaved::Q4K => {
+                            let kernel = if isa >= Isa::Avx512 && q4k_x8::avx512::available() {
+                                q4k_x8::Kernel::Vnni
+                            } else {
+                                q4k_x8::Kernel::Avx2
                             };
+                            tiles.run(
+                                w.data,
+                                out_ptr,
+                                |i| act(i).q8k(),
+                                |wg, acts, o| unsafe {
+                                    q4k_x8::gemm(kernel, wg, cols, acts, o, rows)
+                                },
+                            );
+                        }
+                        Interleaved::Q6K => {
+                            let kernel = q6k_x8::kernel(isa).unwrap_or(q6k_x8::Kernel::Avx2);
+                            tiles.run(
+                                w.data,
+                                out_ptr,
+                                |i| act(i).q8k(),
+                                |wg, acts, o| unsafe {
+                                    q6k_x8::gemm(kernel, wg, cols, acts, o, rows)
+                                },
+                            );
+                        }
+                        Interleaved::Q50 => {
+                            let nb = cols / 32;
+                            let q8 = |i: usize| {
+                                let (qs, d, _, _) = act(i).q8();
+                                (qs, d, &scratch.q8.sums[i * nb..(i + 1) * nb])
+                            };
+                            tiles.run(w.data, out_ptr, q8, |wg, acts, o| unsafe {
+                                q5_0_x8::gemm(wg, cols, acts, o, rows)
+                            });
                         }
                     }
                     return;
@@ -433,6 +430,45 @@ pub fn matmul_with(isa: Isa, w: &WeightView<'_>, x: &[f32], m: usize) -> Option<
     };
     SCRATCH.with(|s| *s.borrow_mut() = taken);
     Some(out)
+}
+
+/// A task's share of an interleaved matmul: activation rows `0..m` against weight rows
+/// `j0..j1` (whole groups of eight, `rb` bytes a row) of a `rows`-column output.
+#[cfg(target_arch = "x86_64")]
+struct Groups {
+    m: usize,
+    j0: usize,
+    j1: usize,
+    rb: usize,
+    rows: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Groups {
+    /// Group by group against tiles of activation rows: a group's weights are read from
+    /// memory once and stay in L1 while the tile passes by. `act(i)` is activation row `i` as
+    /// the layout's kernel takes it; `kernel(group, tile, out)` writes the tile's results for
+    /// the group's eight columns from `out` (the tile's first row) on.
+    fn run<A>(
+        &self,
+        data: &[u8],
+        out: Out,
+        act: impl Fn(usize) -> A,
+        kernel: impl Fn(&[u8], &[A], *mut f32),
+    ) {
+        const TILE: usize = 16;
+        let group = GROUP_ROWS * self.rb;
+        for i0 in (0..self.m).step_by(TILE) {
+            let acts: Vec<A> = (i0..(i0 + TILE).min(self.m)).map(&act).collect();
+            for j in (self.j0..self.j1).step_by(GROUP_ROWS) {
+                kernel(
+                    &data[j * self.rb..][..group],
+                    &acts,
+                    out.at(i0 * self.rows + j),
+                );
+            }
+        }
+    }
 }
 
 /// One weight row against `n` (≤ R) activation rows; `acts[n..]` repeat the last row.
