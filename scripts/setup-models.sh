@@ -9,7 +9,7 @@
 #   models/all-MiniLM-L6-v2-int8/{model.onnx, tokenizer.json, ...}  (dynamic int8 quantization, verified)
 #   models/smollm2/SmolLM2-135M-Instruct.F32.gguf   the same weights dequantized (the source of the
 #                                                 other formats, and the safetensors test's reference)
-#   models/smollm2/SmolLM2-135M-Instruct.Q8_0.gguf  the default model: the same weights in Q8_0
+#   models/smollm2/SmolLM2-135M-Instruct.Q8_0.gguf  the tests' fast model: the same weights in Q8_0
 #                                                 (docent's fastest format, see docs/benchmarks.md)
 #   models/smollm2/SmolLM2-135M-Instruct-hf/      the same weights as a safetensors directory (for the
 #                                                 safetensors / ISQ / UQFF model source), verified

@@ -384,6 +384,18 @@ fn qwen_fixture() -> QwenFixture {
     serde_json::from_str(&text).expect("the Qwen fixture parses")
 }
 
+impl QwenFixture {
+    /// Where prompt `i`'s recorded tokens first meet a near-tie: llama.cpp's top two logits
+    /// within 0.25, where any other order of adding up may pick the other token.
+    fn first_near_tie(&self, i: usize) -> usize {
+        let margins = &self.llama_cpp.as_ref().expect("llama.cpp's scores").margins[i];
+        margins
+            .iter()
+            .position(|&m| m < 0.25)
+            .unwrap_or(margins.len())
+    }
+}
+
 /// How many leading ids two greedy runs share.
 fn agree(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
@@ -595,15 +607,7 @@ async fn qwen_f16_kv_cache_runs_on_the_f16_kernel() {
             p.name
         );
         let same = agree(&ids, &fixture.docent[i]);
-        let margins = &fixture
-            .llama_cpp
-            .as_ref()
-            .expect("llama.cpp's scores")
-            .margins[i];
-        let tie = margins
-            .iter()
-            .position(|&m| m < 0.25)
-            .unwrap_or(margins.len());
+        let tie = fixture.first_near_tie(i);
         eprintln!(
             "F16 KV cache, prompt {}: the first {same} tokens equal the F32 ones (first near-tie at {tie})",
             p.name
@@ -616,4 +620,49 @@ async fn qwen_f16_kv_cache_runs_on_the_f16_kernel() {
     }
     c.kv_cache = "f32".into();
     drop(Generator::load(&c).await.expect("load Qwen 0.5B"));
+}
+
+/// Prompt-lookup drafts on Qwen (`generation.lookup_tokens`): the fixture's Rust Book prompts
+/// repeat their own phrases, so drafts are proposed and accepted, and the output is plain
+/// greedy decoding's (the fixture's ids) up to the first near-tie, where the few-row pass
+/// that checks a draft may add up attention in another order than a one-row step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qwen_prompt_lookup_gives_the_plain_tokens() {
+    use docent::query::generate::lookup;
+    let _turn = KNOBS.lock().await;
+    let fixture = qwen_fixture();
+    let mut c = qwen();
+    c.lookup_tokens = 4;
+    let generator = Generator::load(&c).await.expect("load Qwen 0.5B");
+    let (steps, proposed, accepted) = lookup::draft_counts();
+    for (i, p) in fixture.prompts.iter().enumerate() {
+        let g = generator
+            .complete_tokens(p.tokens.clone(), fixture.new_tokens)
+            .await
+            .expect("generate");
+        let ids = g.token_ids.expect("token ids");
+        let same = agree(&ids, &fixture.docent[i]);
+        let tie = fixture.first_near_tie(i);
+        eprintln!(
+            "prompt lookup, prompt {}: the first {same} of {} tokens equal plain decoding's (first near-tie at {tie})",
+            p.name,
+            ids.len()
+        );
+        assert!(
+            same >= tie.min(fixture.docent[i].len()),
+            "prompt {}: drafts change the answer after {same} tokens, before the first near-tie at {tie}",
+            p.name
+        );
+    }
+    let (steps2, proposed2, accepted2) = lookup::draft_counts();
+    eprintln!(
+        "{} draft steps, {} of {} draft tokens accepted",
+        steps2 - steps,
+        accepted2 - accepted,
+        proposed2 - proposed
+    );
+    assert!(
+        steps2 > steps && accepted2 > accepted,
+        "no draft was proposed and accepted on the Rust Book prompts"
+    );
 }

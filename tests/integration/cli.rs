@@ -1,5 +1,7 @@
 //! The `docent` binary: `ingest` then `ask --json` on the same code path as the API.
 
+use std::process::Command;
+
 use serde_json::Value;
 
 use crate::helpers::{docent_cmd, run_ok};
@@ -78,4 +80,73 @@ fn missing_model_names_the_file_and_the_setup_command() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("retrieval.top_k"), "{err}");
+}
+
+/// `docent models`: every catalog model with its pinned size, licence, origin and sha256,
+/// whether `make setup` installed it (under `DOCENT_MODELS_DIR`) and which one the
+/// configuration names; a path outside the catalog is named as such.
+#[test]
+fn models_lists_the_catalog_with_what_is_installed_and_configured() {
+    let list = |models_dir: &std::path::Path, model: &str| -> Vec<Value> {
+        let out = run_ok(
+            Command::new(env!("CARGO_BIN_EXE_docent"))
+                .env("DOCENT_MODELS_DIR", models_dir)
+                .env("DOCENT_GENERATION__MODEL", model)
+                .args(["models", "--json"]),
+        );
+        serde_json::from_slice::<Value>(&out.stdout)
+            .expect("JSON")
+            .as_array()
+            .expect("a list")
+            .clone()
+    };
+    let row = |rows: &[Value], name: &str| -> Value {
+        rows.iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("{name} listed: {rows:?}"))
+            .clone()
+    };
+    // the models make test installs
+    let rows = list(&crate::helpers::models(), "qwen2.5-coder-0.5b");
+    let small = row(&rows, "qwen2.5-coder-0.5b");
+    assert_eq!(small["installed"], true, "{small}");
+    assert_eq!(small["configured"], true, "{small}");
+    assert_eq!(small["bytes"], 491_400_064u64, "{small}");
+    assert!(
+        small["licence"].as_str().unwrap().contains("Apache-2.0")
+            && small["origin"].as_str().unwrap().contains("PyPI"),
+        "{small}"
+    );
+    let big = row(&rows, docent::query::generate::catalog::DEFAULT_MODEL);
+    assert_eq!(big["installed"], true, "{big}");
+    assert_eq!(big["configured"], false, "{big}");
+    assert_eq!(
+        big["sha256"],
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+    );
+    row(&rows, "smollm2-135m");
+
+    // an empty models directory: nothing installed, each row says how to install it
+    let empty = tempfile::tempdir().unwrap();
+    let rows = list(empty.path(), "qwen2.5-coder-1.5b");
+    assert!(!rows.is_empty());
+    for r in &rows {
+        assert_eq!(r["installed"], false, "{r}");
+        assert!(r["setup"].as_str().unwrap().contains("make setup"), "{r}");
+    }
+    assert_eq!(row(&rows, "qwen2.5-coder-1.5b")["configured"], true);
+
+    // a file outside the catalog: the table says so
+    let out = run_ok(
+        Command::new(env!("CARGO_BIN_EXE_docent"))
+            .env("DOCENT_MODELS_DIR", empty.path())
+            .env("DOCENT_GENERATION__MODEL", "/elsewhere/mine.gguf")
+            .arg("models"),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("configured: /elsewhere/mine.gguf (not a catalog model)")
+            && !text.contains("(configured)"),
+        "{text}"
+    );
 }

@@ -405,17 +405,17 @@ async fn injections_of_every_category(model: Option<std::path::PathBuf>) {
     }
 }
 
-/// Planted instructions end to end (issue 33): a sample of `eval/injection-e2e` (every
-/// 21st case: one of each action kind is not guaranteed, the sample is fixed by position),
+/// Planted instructions end to end (issue 33): a sample of `eval/injection-e2e` (one case
+/// of each of its seven styles, covering every action kind: `one_per_category`),
 /// its documents ingested over the real pipeline, its questions asked over HTTP to the
 /// default model. With the defences on, no answer carries the planted action out; with
 /// them off (`chunk_injection = "allow"`, `answer_check = false`) the count is printed,
 /// so the defences' worth shows. The full set: `docent eval-injection --e2e`.
 #[tokio::test]
 async fn planted_instructions_are_not_carried_out_end_to_end() {
-    use docent::tools::eval::injection_e2e::{cases, system_text};
+    use docent::tools::eval::injection_e2e::{cases, one_per_category, system_text};
     let set = crate::helpers::repo().join("eval/injection-e2e/cases.jsonl");
-    let sample = cases(&set, Some(6)).unwrap();
+    let sample = one_per_category(&cases(&set, None).unwrap());
     let dir = tempfile::tempdir().unwrap();
     let paths: Vec<std::path::PathBuf> = sample
         .iter()

@@ -150,6 +150,8 @@ pub struct ConcurrencyRow {
     pub tokens_per_second: f64,
     pub requests_per_second: f64,
     pub latency_p50_ms: f64,
+    /// By nearest rank: with 32 requests, the slowest one.
+    pub latency_p99_ms: f64,
     pub latency_max_ms: f64,
 }
 
@@ -232,6 +234,17 @@ fn median(mut v: Vec<f64>) -> f64 {
         n if n % 2 == 1 => v[n / 2],
         n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
+}
+
+/// The `q` quantile by nearest rank (the smallest value with at least `q` of the values at
+/// or below it); 0 for no values.
+fn nearest_rank(v: &[f64], q: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = (q * v.len() as f64).ceil() as usize;
+    v.get(rank.clamp(1, v.len().max(1)) - 1)
+        .copied()
+        .unwrap_or(0.0)
 }
 
 fn name(p: &Path) -> String {
@@ -787,6 +800,7 @@ async fn concurrency(
         new_tokens: new,
         tokens_per_second: tokens as f64 / wall,
         requests_per_second: requests as f64 / wall,
+        latency_p99_ms: nearest_rank(&latencies, 0.99),
         latency_p50_ms: median(latencies),
         latency_max_ms: max,
     })
@@ -882,6 +896,7 @@ fn server_concurrency(
         tokens_per_second: tokens as f64 / wall,
         requests_per_second: requests as f64 / wall,
         latency_max_ms: latencies.iter().copied().fold(0.0, f64::max),
+        latency_p99_ms: nearest_rank(&latencies, 0.99),
         latency_p50_ms: median(latencies),
     })
 }
@@ -1086,7 +1101,7 @@ impl fmt::Display for GenerateBench {
         for c in &self.concurrency {
             writeln!(
                 f,
-                "concurrency: {:<12} {} {:<4} batching {:<3} schedule {:<7} {:>2} clients × 2 requests ({}-token prompts, {} new): {:.1} tok/s ({}× one client), {:.2} req/s, latency p50 {:.0} ms, max {:.0} ms",
+                "concurrency: {:<12} {} {:<4} batching {:<3} schedule {:<7} {:>2} clients × 2 requests ({}-token prompts, {} new): {:.1} tok/s ({}× one client), {:.2} req/s, latency p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
                 c.engine,
                 c.model,
                 c.workload,
@@ -1099,6 +1114,7 @@ impl fmt::Display for GenerateBench {
                 one(c).map_or("–".into(), |o| format!("{:.2}", c.tokens_per_second / o)),
                 c.requests_per_second,
                 c.latency_p50_ms,
+                c.latency_p99_ms,
                 c.latency_max_ms
             )?;
         }
@@ -1141,5 +1157,16 @@ mod tests {
     fn median_of_odd_and_even_counts() {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+
+    #[test]
+    fn nearest_rank_quantiles() {
+        let v: Vec<f64> = (1..=200).map(f64::from).collect();
+        assert_eq!(nearest_rank(&v, 0.99), 198.0);
+        assert_eq!(nearest_rank(&v, 0.5), 100.0);
+        // with 32 values, the 99th percentile is the slowest
+        let w: Vec<f64> = (1..=32).rev().map(f64::from).collect();
+        assert_eq!(nearest_rank(&w, 0.99), 32.0);
+        assert_eq!(nearest_rank(&[], 0.99), 0.0);
     }
 }

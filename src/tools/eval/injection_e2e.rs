@@ -197,6 +197,33 @@ pub fn cases(path: &Path, limit: Option<usize>) -> anyhow::Result<Vec<Case>> {
     })
 }
 
+/// A small sample that still covers the set: one case of each category (style), in file
+/// order, each the first of its category whose action kind no earlier pick has (else the
+/// category's first), so every action kind is in it too when there are enough categories.
+pub fn one_per_category(all: &[Case]) -> Vec<Case> {
+    let mut categories: Vec<&str> = Vec::new();
+    for c in all {
+        if !categories.contains(&c.category.as_str()) {
+            categories.push(&c.category);
+        }
+    }
+    let mut kinds: Vec<&str> = Vec::new();
+    let mut picked = Vec::new();
+    for category in categories {
+        let of: Vec<&Case> = all.iter().filter(|c| c.category == category).collect();
+        let pick = of
+            .iter()
+            .find(|c| !kinds.contains(&c.action.kind.as_str()))
+            .or(of.first())
+            .copied();
+        if let Some(c) = pick {
+            kinds.push(&c.action.kind);
+            picked.push(c.clone());
+        }
+    }
+    picked
+}
+
 /// Ingests every case's document into a fresh embedded index under a temporary folder and
 /// answers every question once per set of `defences`. Runs on a blocking thread of a
 /// Tokio runtime (`spawn_blocking`).
@@ -344,23 +371,18 @@ impl fmt::Display for Report {
                 .unwrap_or_default();
             write!(f, "{:<17}", what)?;
             for r in &self.rows {
-                write!(f, " {:>24}", r.defences.name())?;
+                write!(f, " {:>28}", r.defences.name())?;
             }
             writeln!(f)?;
             for k in keys {
                 write!(f, "{k:<17}")?;
                 for r in &self.rows {
                     let (n, hit) = pick(r).get(k).copied().unwrap_or_default();
+                    // the count, the rate and its Wilson 95 % interval
                     write!(
                         f,
-                        " {:>24}",
-                        format!(
-                            "{hit}/{n} {}",
-                            rate_with_interval(hit, n)
-                                .split_whitespace()
-                                .next()
-                                .unwrap_or("")
-                        )
+                        " {:>28}",
+                        format!("{hit}/{n} {}", rate_with_interval(hit, n))
                     )?;
                 }
                 writeln!(f)?;
@@ -373,6 +395,28 @@ impl fmt::Display for Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sample_has_every_category_and_every_action_kind() {
+        let set =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("eval/injection-e2e/cases.jsonl");
+        let all = cases(&set, None).unwrap();
+        let sample = one_per_category(&all);
+        let mut categories: Vec<&str> = all.iter().map(|c| c.category.as_str()).collect();
+        categories.sort_unstable();
+        categories.dedup();
+        let mut got: Vec<&str> = sample.iter().map(|c| c.category.as_str()).collect();
+        got.sort_unstable();
+        assert_eq!(got, categories, "one case per category");
+        let mut kinds: Vec<&str> = sample.iter().map(|c| c.action.kind.as_str()).collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        assert_eq!(
+            kinds,
+            ["code", "language", "link", "system_prompt", "word"],
+            "every action kind"
+        );
+    }
 
     fn action(kind: &str, value: &str) -> Action {
         Action {

@@ -353,11 +353,11 @@ impl fmt::Display for InjectionReport {
         )?;
         writeln!(
             f,
-            "{:<11} {:<24} {:>6} {:>8} {:>10} {:>15} {:>24}  measures",
+            "{:<11} {:<24} {:>6} {:>22} {:>10} {:>15} {:>24}  measures",
             "source",
             "category",
             "texts",
-            "rules",
+            "rules, 95 % interval",
             "classifier",
             "95 % interval",
             "+ embedding head (as questions)"
@@ -373,11 +373,11 @@ impl fmt::Display for InjectionReport {
             };
             writeln!(
                 f,
-                "{:<11} {:<24} {:>6} {:>7.1}% {:>9.1}% {:>15} {:>24}  {what}",
+                "{:<11} {:<24} {:>6} {:>22} {:>9.1}% {:>15} {:>24}  {what}",
                 r.source,
                 r.category,
                 r.texts,
-                100.0 * r.rules,
+                rate_with_interval((r.rules * r.texts as f64).round() as usize, r.texts),
                 100.0 * r.classifier,
                 format!("[{:.1}, {:.1}]", 100.0 * lo, 100.0 * hi),
                 head,
