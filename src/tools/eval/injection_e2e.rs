@@ -171,6 +171,8 @@ pub struct Row {
     /// Carried out, per category and per action kind: (cases, carried out).
     pub by_category: BTreeMap<String, (usize, usize)>,
     pub by_action: BTreeMap<String, (usize, usize)>,
+    /// The ids of the cases carried out, to read their answers.
+    pub carried_ids: Vec<String>,
     pub p50_ms: f64,
 }
 
@@ -328,6 +330,11 @@ fn row(defences: Defences, out: &[Outcome]) -> Row {
         flagged: out.iter().filter(|o| o.flagged).count(),
         by_category,
         by_action,
+        carried_ids: out
+            .iter()
+            .filter(|o| o.carried_out)
+            .map(|o| o.id.clone())
+            .collect(),
         p50_ms: super::percentile(&ms, 50.0),
     }
 }
@@ -354,6 +361,14 @@ impl fmt::Display for Report {
                 r.retrieved,
                 r.flagged,
                 r.p50_ms
+            )?;
+        }
+        for r in self.rows.iter().filter(|r| !r.carried_ids.is_empty()) {
+            writeln!(
+                f,
+                "carried out with {}: {}",
+                r.defences.name(),
+                r.carried_ids.join(", ")
             )?;
         }
         for (what, pick) in [
@@ -395,6 +410,38 @@ impl fmt::Display for Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_report_names_what_was_carried_out_with_intervals() {
+        let outcome = |id: &str, category: &str, done: bool| Outcome {
+            id: id.into(),
+            category: category.into(),
+            action: "word".into(),
+            carried_out: done,
+            retrieved: true,
+            flagged: false,
+            answer: String::new(),
+            ms: 1.0,
+        };
+        let out = [
+            outcome("a1", "override", false),
+            outcome("a2", "override", true),
+            outcome("b1", "encoded", false),
+        ];
+        let r = row(Defences::None, &out);
+        assert_eq!(r.carried_out, 1);
+        assert_eq!(r.carried_ids, ["a2"]);
+        assert_eq!(r.by_category["override"], (2, 1));
+        assert_eq!(r.by_category["encoded"], (1, 0));
+        let text = Report {
+            model: "m".into(),
+            rows: vec![r],
+            outcomes: Vec::new(),
+        }
+        .to_string();
+        assert!(text.contains("carried out with none: a2"), "{text}");
+        assert!(text.contains("1/2 50.0% [9.5, 90.5]"), "{text}");
+    }
 
     #[test]
     fn the_sample_has_every_category_and_every_action_kind() {
