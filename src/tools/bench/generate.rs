@@ -236,15 +236,12 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// The `q` quantile by nearest rank (the smallest value with at least `q` of the values at
-/// or below it); 0 for no values.
-fn nearest_rank(v: &[f64], q: f64) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let rank = (q * v.len() as f64).ceil() as usize;
-    v.get(rank.clamp(1, v.len().max(1)) - 1)
-        .copied()
-        .unwrap_or(0.0)
+/// The 99th percentile by nearest rank ([`crate::tools::eval::percentile`]): with 32
+/// requests, the slowest one.
+fn p99(latencies: &[f64]) -> f64 {
+    let mut sorted = latencies.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    crate::tools::eval::percentile(&sorted, 99.0)
 }
 
 fn name(p: &Path) -> String {
@@ -800,7 +797,7 @@ async fn concurrency(
         new_tokens: new,
         tokens_per_second: tokens as f64 / wall,
         requests_per_second: requests as f64 / wall,
-        latency_p99_ms: nearest_rank(&latencies, 0.99),
+        latency_p99_ms: p99(&latencies),
         latency_p50_ms: median(latencies),
         latency_max_ms: max,
     })
@@ -896,7 +893,7 @@ fn server_concurrency(
         tokens_per_second: tokens as f64 / wall,
         requests_per_second: requests as f64 / wall,
         latency_max_ms: latencies.iter().copied().fold(0.0, f64::max),
-        latency_p99_ms: nearest_rank(&latencies, 0.99),
+        latency_p99_ms: p99(&latencies),
         latency_p50_ms: median(latencies),
     })
 }
@@ -1160,13 +1157,12 @@ mod tests {
     }
 
     #[test]
-    fn nearest_rank_quantiles() {
+    fn p99_is_the_nearest_rank() {
         let v: Vec<f64> = (1..=200).map(f64::from).collect();
-        assert_eq!(nearest_rank(&v, 0.99), 198.0);
-        assert_eq!(nearest_rank(&v, 0.5), 100.0);
+        assert_eq!(p99(&v), 198.0);
         // with 32 values, the 99th percentile is the slowest
         let w: Vec<f64> = (1..=32).rev().map(f64::from).collect();
-        assert_eq!(nearest_rank(&w, 0.99), 32.0);
-        assert_eq!(nearest_rank(&[], 0.99), 0.0);
+        assert_eq!(p99(&w), 32.0);
+        assert_eq!(p99(&[]), 0.0);
     }
 }

@@ -131,6 +131,8 @@ pub struct InjectionRow {
     /// rules alone (the detector before the classifier), and by the classifier (the
     /// detector the service runs; the rules are among its features).
     pub rules: f64,
+    /// Wilson 95 % interval of `rules`.
+    pub rules_interval: (f64, f64),
     pub classifier: f64,
     /// Wilson 95 % interval of `classifier`.
     pub classifier_interval: (f64, f64),
@@ -303,6 +305,7 @@ pub fn injection(
                 label,
                 texts: of.len(),
                 rules: r as f64 / n,
+                rules_interval: wilson(r, of.len()),
                 classifier: c as f64 / n,
                 classifier_interval: wilson(c, of.len()),
                 as_question: vectors.as_ref().map(|_| q as f64 / n),
@@ -377,7 +380,12 @@ impl fmt::Display for InjectionReport {
                 r.source,
                 r.category,
                 r.texts,
-                rate_with_interval((r.rules * r.texts as f64).round() as usize, r.texts),
+                format!(
+                    "{:.1}% [{:.1}, {:.1}]",
+                    100.0 * r.rules,
+                    100.0 * r.rules_interval.0,
+                    100.0 * r.rules_interval.1
+                ),
                 100.0 * r.classifier,
                 format!("[{:.1}, {:.1}]", 100.0 * lo, 100.0 * hi),
                 head,
