@@ -158,7 +158,7 @@ pub enum Command {
         #[arg(long)]
         limit: Option<usize>,
         /// With --e2e: the sets of defences to measure (all, no-classifier,
-        /// no-answer-check, none).
+        /// no-second-stage, no-embedding-head, no-answer-check, none).
         #[arg(
             long,
             value_delimiter = ',',
@@ -203,10 +203,15 @@ pub enum Command {
         /// Give every attack category the same weight (default: every attack text).
         #[arg(long)]
         balance_categories: bool,
-        /// Signal groups to leave out (comma-separated: ai_addressee, imperative,
-        /// directive, shift, encoded, exfiltration), to measure what each is worth.
+        /// Signal groups to leave out of the shipped set (comma-separated: ai_addressee,
+        /// imperative, directive, shift, encoded, exfiltration), to measure what each is
+        /// worth.
         #[arg(long, value_delimiter = ',')]
         without_signals: Vec<String>,
+        /// Signal groups to add that the shipped model leaves out (addressee: a change of
+        /// addressee).
+        #[arg(long, value_delimiter = ',')]
+        with_signals: Vec<String>,
         #[arg(long)]
         json: bool,
     },

@@ -631,7 +631,7 @@ impl Config {
             max_question_chars: c.server.max_question_chars,
             keep_alive: std::time::Duration::from_millis(c.server.keep_alive_ms.max(1)),
             default_answer_mode: c.generation.answer_mode,
-            greedy_only: c.generation.draft.is_some(),
+            draft_model: c.generation.draft.is_some(),
             default_lookup_tokens: c.generation.lookup_tokens,
             refusal_phrase: c.generation.refusal_phrase.trim().to_string(),
             attribution: c
@@ -1476,7 +1476,7 @@ mod query_limits_tests {
             })
         ));
         let mut drafting = limits();
-        drafting.greedy_only = true;
+        drafting.draft_model = true;
         assert!(lookup(3).validate(&drafting).is_err());
         assert_eq!(
             lookup(0).validate(&drafting).unwrap().params.lookup_tokens,
@@ -1488,7 +1488,7 @@ mod query_limits_tests {
         assert_eq!(plain.validate(&defaulted).unwrap().params.lookup_tokens, 2);
         // with a draft model, sampling is refused instead of silently decoded greedily
         let mut speculative = limits();
-        speculative.greedy_only = true;
+        speculative.draft_model = true;
         let sampled: QueryRequest =
             serde_json::from_str(r#"{"question": "q", "generation": {"temperature": 0.7}}"#)
                 .unwrap();
@@ -1500,7 +1500,54 @@ mod query_limits_tests {
             })
         ));
         let greedy: QueryRequest = serde_json::from_str(r#"{"question": "q"}"#).unwrap();
-        assert!(greedy.validate(&speculative).is_ok());
+        assert!(
+            greedy
+                .clone()
+                .validate(&speculative)
+                .unwrap()
+                .params
+                .draft_model
+        );
+        // a request may leave the draft model out: then it may sample or look up drafts
+        let plain_target = |extra: &str| -> QueryRequest {
+            serde_json::from_str(&format!(
+                r#"{{"question": "q", "generation": {{"draft_model": false{extra}}}}}"#
+            ))
+            .unwrap()
+        };
+        let p = plain_target(r#", "temperature": 0.7, "lookup_tokens": 3"#)
+            .validate(&speculative)
+            .unwrap()
+            .params;
+        assert!(!p.draft_model && p.lookup_tokens == 3 && p.temperature == 0.7);
+        // asking for a draft model the server lacks is an error, not ignored
+        let wants: QueryRequest =
+            serde_json::from_str(r#"{"question": "q", "generation": {"draft_model": true}}"#)
+                .unwrap();
+        assert!(
+            wants
+                .clone()
+                .validate(&speculative)
+                .unwrap()
+                .params
+                .draft_model
+        );
+        assert!(matches!(
+            wants.validate(&limits()),
+            Err(QueryError::Invalid {
+                field: "generation.draft_model",
+                ..
+            })
+        ));
+        assert!(
+            !plain_target("")
+                .validate(&limits())
+                .unwrap()
+                .params
+                .draft_model,
+            "no draft model on a plain server"
+        );
+        assert!(!greedy.validate(&limits()).unwrap().params.draft_model);
         assert!(serde_json::from_str::<QueryRequest>(r#"{"question": "q", "topk": 1}"#).is_err());
     }
 }

@@ -177,7 +177,8 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
                     .map(|d| {
                         e2e::Defences::parse(d.trim()).ok_or_else(|| {
                             anyhow::anyhow!(
-                                "--defences: no {d:?} (all, no-classifier, no-answer-check, none)"
+                                "--defences: no {d:?} ({})",
+                                e2e::Defences::ALL.map(e2e::Defences::key).join(", ")
                             )
                         })
                     })
@@ -261,19 +262,22 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             max_false_positives,
             balance_categories,
             without_signals,
+            with_signals,
             json,
         } => {
-            use docent::query::safety::signals::{Signal, ALL_SIGNALS};
-            let mut signals = ALL_SIGNALS;
-            for name in &without_signals {
-                let s = Signal::parse(name).ok_or_else(|| {
+            use docent::query::safety::signals::{Signal, SHIPPED_SIGNALS};
+            let parse = |flag: &str, name: &str| {
+                Signal::parse(name).ok_or_else(|| {
                     let names: Vec<&str> = Signal::ALL.iter().map(|s| s.name()).collect();
-                    anyhow::anyhow!(
-                        "--without-signals: no signal {name:?} (one of {})",
-                        names.join(", ")
-                    )
-                })?;
-                signals &= !s.bit();
+                    anyhow::anyhow!("--{flag}: no signal {name:?} (one of {})", names.join(", "))
+                })
+            };
+            let mut signals = SHIPPED_SIGNALS;
+            for name in &without_signals {
+                signals &= !parse("without-signals", name)?.bit();
+            }
+            for name in &with_signals {
+                signals |= parse("with-signals", name)?.bit();
             }
             let settings = docent::tools::train_injection::Settings {
                 epochs,

@@ -310,6 +310,33 @@ pub struct Params {
     pub stop: Vec<String>,
     /// Most tokens of a prompt-lookup draft per step; 0 = off ([`lookup`]).
     pub lookup_tokens: usize,
+    /// The configured draft model (`generation.draft`) drafts for this request; false: the
+    /// target's own steps. Ignored without a draft model.
+    pub draft_model: bool,
+}
+
+/// The drafts one request's decoding may read: speed only, greedy output is the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Drafts {
+    /// Most tokens of a prompt-lookup draft per step; 0 = off.
+    lookup_tokens: usize,
+    /// The draft model drafts (when the pipeline has one).
+    draft_model: bool,
+}
+
+impl Drafts {
+    /// Plain steps of the target only (one-step questions: a draft would only cost).
+    const NONE: Drafts = Drafts {
+        lookup_tokens: 0,
+        draft_model: false,
+    };
+
+    fn of(params: &Params) -> Drafts {
+        Drafts {
+            lookup_tokens: params.lookup_tokens,
+            draft_model: params.draft_model,
+        }
+    }
 }
 
 impl Params {
@@ -325,6 +352,7 @@ impl Params {
             dry_allowed_length: default_dry_allowed_length(),
             stop: vec![],
             lookup_tokens: 0,
+            draft_model: true,
         }
     }
 }
@@ -397,10 +425,13 @@ pub struct Generator {
     /// First tokens of "yes" and "no", for [`RefusalCheck::Question`].
     yes_tokens: Vec<u32>,
     no_tokens: Vec<u32>,
-    /// `generation.lookup_tokens`: prompt-lookup drafts of raw completions
+    /// `generation.lookup_tokens` and the draft model: the drafts of raw completions
     /// ([`Generator::complete_tokens`], [`Generator::stream_tokens`]); chat requests carry
     /// their own in [`Params`].
-    lookup_tokens: usize,
+    drafts: Drafts,
+    /// The pipeline is speculative (`generation.draft`): requests say whether its draft
+    /// model drafts for them.
+    has_draft_model: bool,
 }
 
 /// Text to token ids with the model's tokenizer.
@@ -929,12 +960,17 @@ impl Generator {
             lead_masked,
             yes_tokens,
             no_tokens,
-            // a draft model's pipeline runs its own steps; drafts of both kinds never mix
-            lookup_tokens: if config.draft.is_some() {
-                0
-            } else {
-                config.lookup_tokens
+            // by default a draft model's pipeline runs its own steps; drafts of both kinds
+            // never mix in one request
+            drafts: Drafts {
+                lookup_tokens: if config.draft.is_some() {
+                    0
+                } else {
+                    config.lookup_tokens
+                },
+                draft_model: config.draft.is_some(),
             },
+            has_draft_model: config.draft.is_some(),
         })
     }
 
@@ -979,7 +1015,7 @@ impl Generator {
             messages(prompt),
             sampling(params),
             false,
-            params.lookup_tokens,
+            Drafts::of(params),
         )
         .await
     }
@@ -1035,7 +1071,7 @@ impl Generator {
                 messages(prompt),
                 sampling(params),
                 processors,
-                params.lookup_tokens,
+                Drafts::of(params),
             )
             .await?;
         stream.judge = judging.then_some(judge);
@@ -1079,7 +1115,7 @@ impl Generator {
                 Some(vec![
                     Arc::new(reader) as Arc<dyn mistralrs::CustomLogitsProcessor>
                 ]),
-                0,
+                Drafts::NONE,
             )
             .await?;
         match response {
@@ -1097,12 +1133,11 @@ impl Generator {
         tokens: Vec<u32>,
         max_tokens: usize,
     ) -> Result<GenerationStream, GenerateError> {
-        let params = Params::greedy(max_tokens);
         self.stream_request(
             RequestMessage::CompletionTokens(tokens),
-            sampling(&params),
+            sampling(&Params::greedy(max_tokens)),
             None,
-            self.lookup_tokens,
+            self.drafts,
         )
         .await
     }
@@ -1112,7 +1147,7 @@ impl Generator {
         messages: RequestMessage,
         sampling_params: SamplingParams,
         processors: Option<Vec<Arc<dyn mistralrs::CustomLogitsProcessor>>>,
-        lookup_tokens: usize,
+        drafts: Drafts,
     ) -> Result<GenerationStream, GenerateError> {
         // room for a few chunks: the engine waits on a full channel
         let (tx, rx) = mpsc::channel(64);
@@ -1123,7 +1158,7 @@ impl Generator {
             true,
             tx,
             processors,
-            lookup_tokens,
+            drafts,
         )
         .await?;
         self.counters.active.fetch_add(1, Ordering::Relaxed);
@@ -1137,22 +1172,47 @@ impl Generator {
         })
     }
 
-    /// Raw completion from token ids (no template), greedy; returns the generated ids too.
+    /// Raw completion from token ids (no template), greedy, with the configured drafts;
+    /// returns the generated ids too.
     pub async fn complete_tokens(
         &self,
         tokens: Vec<u32>,
         max_tokens: usize,
     ) -> Result<Generation, GenerateError> {
-        let params = Params::greedy(max_tokens);
-        let mut sampling = sampling(&params);
-        // The top-1 alternative of a greedy step is the chosen token: that is how the
-        // engine's response carries token ids.
-        sampling.top_n_logprobs = 1;
+        self.complete_with(tokens, &self.default_params(max_tokens))
+            .await
+    }
+
+    /// Greedy decoding of up to `max_tokens` with the configured drafts
+    /// (`generation.lookup_tokens`, the draft model when there is one).
+    pub fn default_params(&self, max_tokens: usize) -> Params {
+        Params {
+            lookup_tokens: self.drafts.lookup_tokens,
+            draft_model: self.drafts.draft_model,
+            ..Params::greedy(max_tokens)
+        }
+    }
+
+    /// Raw completion from token ids (no template) with `params`' sampling and drafts
+    /// (a request's own choice of drafts, as [`Generator::chat`] takes it). The generated
+    /// ids come back when the decoding is greedy (`temperature` 0); read `text` otherwise.
+    pub async fn complete_with(
+        &self,
+        tokens: Vec<u32>,
+        params: &Params,
+    ) -> Result<Generation, GenerateError> {
+        let mut sampling = sampling(params);
+        let greedy = params.temperature <= 0.0;
+        if greedy {
+            // The top-1 alternative of a greedy step is the chosen token: that is how the
+            // engine's response carries token ids.
+            sampling.top_n_logprobs = 1;
+        }
         self.run(
             RequestMessage::CompletionTokens(tokens),
             sampling,
-            true,
-            self.lookup_tokens,
+            greedy,
+            Drafts::of(params),
         )
         .await
     }
@@ -1181,11 +1241,14 @@ impl Generator {
         is_streaming: bool,
         tx: mpsc::Sender<Response>,
         logits_processors: Option<Vec<Arc<dyn mistralrs::CustomLogitsProcessor>>>,
-        lookup_tokens: usize,
+        drafts: Drafts,
     ) -> Result<(), GenerateError> {
         let id = self.model.inner().next_request_id();
-        // read by the engine when it adds the request (vendor/PATCHES.md 17)
-        mistralrs::core::set_request_draft_tokens(id, lookup_tokens);
+        // read by the engine when it adds the request (vendor/PATCHES.md 17 and 19)
+        mistralrs::core::set_request_draft_tokens(id, drafts.lookup_tokens);
+        if self.has_draft_model {
+            mistralrs::core::set_request_skips_draft_model(id, !drafts.draft_model);
+        }
         let request = Request::Normal(Box::new(NormalRequest {
             messages,
             sampling_params,
@@ -1219,7 +1282,7 @@ impl Generator {
         sampling_params: SamplingParams,
         logprobs: bool,
         processors: Option<Vec<Arc<dyn mistralrs::CustomLogitsProcessor>>>,
-        lookup_tokens: usize,
+        drafts: Drafts,
     ) -> Result<Response, GenerateError> {
         let (tx, mut rx) = mpsc::channel(8);
         // counted while it runs, also when the caller gives up waiting (a dropped future)
@@ -1231,7 +1294,7 @@ impl Generator {
             false,
             tx,
             processors,
-            lookup_tokens,
+            drafts,
         )
         .await?;
         rx.recv()
@@ -1244,10 +1307,10 @@ impl Generator {
         messages: RequestMessage,
         sampling_params: SamplingParams,
         logprobs: bool,
-        lookup_tokens: usize,
+        drafts: Drafts,
     ) -> Result<Generation, GenerateError> {
         match self
-            .request_once(messages, sampling_params, logprobs, None, lookup_tokens)
+            .request_once(messages, sampling_params, logprobs, None, drafts)
             .await?
         {
             Response::Done(r) => {
@@ -1521,6 +1584,7 @@ mod tests {
             dry_allowed_length: 2,
             stop: vec!["END".into()],
             lookup_tokens: 0,
+            draft_model: false,
         }
     }
 

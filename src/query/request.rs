@@ -76,6 +76,10 @@ pub struct GenerationOptions {
     /// Most tokens of a prompt-lookup draft per step, 0..=6; 0 = off (default:
     /// `generation.lookup_tokens`). Speed only: the answer is the same.
     pub lookup_tokens: Option<usize>,
+    /// On a server with a draft model (`generation.draft`): whether it drafts for this
+    /// request (default true); false runs the target alone, which may then sample or take
+    /// prompt-lookup drafts. `true` on a server without one is refused with 422.
+    pub draft_model: Option<bool>,
 }
 
 /// Most extra stop sequences a request may give, and their longest length in bytes.
@@ -119,9 +123,10 @@ pub struct Limits {
     pub max_question_chars: usize,
     /// Keep-alive interval of streamed answers (the SSE layer sends the comments).
     pub keep_alive: Duration,
-    /// Speculative decoding is on: mistral.rs decodes it greedily whatever the sampling
-    /// settings, so sampled requests are refused rather than silently answered greedily.
-    pub greedy_only: bool,
+    /// The server has a draft model (`generation.draft`). A request it drafts for is
+    /// decoded greedily by mistral.rs whatever the sampling settings, so sampled requests
+    /// that keep the draft model are refused rather than silently answered greedily.
+    pub draft_model: bool,
     /// `generation.lookup_tokens`: prompt-lookup drafts when the request does not say.
     pub default_lookup_tokens: usize,
     /// How an answer is made when the request does not say.
@@ -317,10 +322,17 @@ impl QueryRequest {
                 format!("must be between 0 and 2, got {temperature}"),
             );
         }
-        if temperature > 0.0 && limits.greedy_only {
+        if self.generation.draft_model == Some(true) && !limits.draft_model {
+            return invalid(
+                "generation.draft_model",
+                "this server has no draft model (generation.draft in its config): send false or leave it out".into(),
+            );
+        }
+        let draft_model = limits.draft_model && self.generation.draft_model.unwrap_or(true);
+        if temperature > 0.0 && draft_model {
             return invalid(
                 "generation.temperature",
-                format!("this server decodes speculatively (generation.draft), which mistral.rs does greedily only; send temperature 0, got {temperature}"),
+                format!("this server decodes speculatively (generation.draft), which mistral.rs does greedily only; send temperature 0, or draft_model false, got {temperature}"),
             );
         }
         let repetition_penalty = self
@@ -379,10 +391,10 @@ impl QueryRequest {
                 format!("must be between 0 (off) and {lookup_max}, got {lookup_tokens}"),
             );
         }
-        if lookup_tokens > 0 && limits.greedy_only {
+        if lookup_tokens > 0 && draft_model {
             return invalid(
                 "generation.lookup_tokens",
-                "this server drafts with a draft model (generation.draft); prompt-lookup drafts are its alternative, not an addition: send 0 or leave it out".into(),
+                "this server drafts with a draft model (generation.draft); prompt-lookup drafts are its alternative, not an addition: send 0, or draft_model false".into(),
             );
         }
         let mut stop: Vec<String> = DEFAULT_STOPS.iter().map(|s| s.to_string()).collect();
@@ -411,6 +423,7 @@ impl QueryRequest {
                 dry_allowed_length: limits.dry_allowed_length,
                 stop,
                 lookup_tokens,
+                draft_model,
             },
             history: self.history,
             stream: self.stream,

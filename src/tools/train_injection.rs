@@ -49,7 +49,7 @@ impl Default for Settings {
             l2: 3e-4,
             max_false_positives: 0.005,
             balance_categories: false,
-            signals: crate::query::safety::signals::ALL_SIGNALS,
+            signals: crate::query::safety::signals::SHIPPED_SIGNALS,
         }
     }
 }

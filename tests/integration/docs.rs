@@ -197,7 +197,7 @@ fn request_tree() -> Value {
                       "filter": {"collection": "c"}},
         "generation": {"max_tokens": 1, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
                        "repetition_penalty": 1.0, "dry_multiplier": 0.0, "stop": ["x"],
-                       "seed": 1, "lookup_tokens": 0},
+                       "seed": 1, "lookup_tokens": 0, "draft_model": false},
     }))
     .expect("a request");
     serde_json::to_value(&request).expect("request as JSON")

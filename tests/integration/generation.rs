@@ -104,6 +104,68 @@ async fn speculative_output_equals_plain_greedy() {
     );
 }
 
+/// A request may leave a speculative server's draft model out (`generation.draft_model =
+/// false`): its sequence runs the target's own steps. Greedy, the output is the target's
+/// (alone and with prompt-lookup drafts); sampled, the answers vary, where the draft model
+/// would have decoded the same request greedily (mistral.rs's speculative pipeline ignores
+/// the temperature), which shows which path ran.
+#[tokio::test]
+async fn a_request_may_leave_the_draft_model_out() {
+    use docent::query::generate::Params;
+    let dir = shared().join("models/stories260K");
+    let mut c = generation();
+    c.model = dir.join("stories260K.gguf");
+    let plain = Generator::load(&c).await.expect("load the target");
+    c.draft = Some(docent::config::DraftConfig {
+        model: crate::helpers::models().join("stories260K/stories260K.q8_0.gguf"),
+        gamma: 4,
+    });
+    let speculative = Generator::load(&c).await.expect("load target and draft");
+    let without = |lookup_tokens: usize| Params {
+        draft_model: false,
+        lookup_tokens,
+        ..Params::greedy(64)
+    };
+    for first in 0..8u32 {
+        let prompt = vec![1, 300 + 7 * first];
+        let want = plain.complete_tokens(prompt.clone(), 64).await.unwrap();
+        for lookup in [0, 4] {
+            let got = speculative
+                .complete_with(prompt.clone(), &without(lookup))
+                .await
+                .unwrap();
+            assert_eq!(
+                got.token_ids, want.token_ids,
+                "prompt {first}, draft model left out, lookup {lookup}: output differs"
+            );
+        }
+    }
+    // sampled: five answers of 48 tokens to one prompt, through each path
+    let sampled = |draft_model: bool| Params {
+        temperature: 1.0,
+        draft_model,
+        ..Params::greedy(48)
+    };
+    let greedy = plain.complete_tokens(vec![1], 48).await.unwrap().text;
+    let mut texts = std::collections::BTreeSet::new();
+    for _ in 0..5 {
+        let with = speculative
+            .complete_with(vec![1], &sampled(true))
+            .await
+            .unwrap();
+        assert_eq!(with.text, greedy, "the draft model's path decodes greedily");
+        let g = speculative
+            .complete_with(vec![1], &sampled(false))
+            .await
+            .unwrap();
+        texts.insert(g.text);
+    }
+    assert!(
+        texts.len() > 1 && texts.iter().any(|t| *t != greedy),
+        "temperature 1 without the draft model gave one answer five times: {texts:?}"
+    );
+}
+
 /// Prompt-lookup drafts (`generation.lookup_tokens`): the output is plain greedy decoding's,
 /// checked against the independent reference (llama2.c's 200 greedy tokens of stories260K,
 /// whose stories repeat their phrases, so drafts are proposed and accepted) and against the

@@ -222,6 +222,7 @@ fn cases() -> Vec<Case> {
         case("too many stops", M::POST, q, query(json!({"question": "x", "generation": {"stop": ["a","b","c","d","e","f","g","h","i"]}})), 422, "invalid_request").field("generation.stop"),
         case("empty stop", M::POST, q, query(json!({"question": "x", "generation": {"stop": [""]}})), 422, "invalid_request").field("generation.stop"),
         case("seed", M::POST, q, query(json!({"question": "x", "generation": {"seed": 1}})), 422, "invalid_request").field("generation.seed"),
+        case("a draft model the server lacks", M::POST, q, query(json!({"question": "x", "generation": {"draft_model": true}})), 422, "invalid_request").field("generation.draft_model"),
         // empty, huge and odd questions
         case("empty question", M::POST, q, query(json!({"question": ""})), 422, "invalid_request").field("question"),
         case("blank question", M::POST, q, query(json!({"question": " \n\t "})), 422, "invalid_request").field("question"),

@@ -526,3 +526,36 @@ async fn the_second_stage_asks_the_default_model_about_an_unsure_chunk() {
         }
     }
 }
+
+/// The shipped classifier is what training makes of the data today: the data set written
+/// afresh by `make_dataset.py` (from the pools and ../shared) and `docent train-injection`'s
+/// default settings give `src/query/safety/injection.model` byte for byte. So a change to
+/// the features (a new signal group, which the shipped set leaves out) cannot move the
+/// shipped model unnoticed, and its figures stay reproducible.
+#[test]
+fn training_reproduces_the_shipped_classifier() {
+    use docent::tools::train_injection::{run, Settings};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("dataset.jsonl");
+    let made = std::process::Command::new("python3")
+        .arg(root.join("training/injection/make_dataset.py"))
+        .arg("--shared")
+        .arg(crate::helpers::shared())
+        .arg("--out")
+        .arg(&data)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        made.status.success(),
+        "make_dataset.py: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let out = dir.path().join("injection.model");
+    run(&data, &out, Settings::default()).expect("training");
+    let shipped = std::fs::read(root.join("src/query/safety/injection.model")).unwrap();
+    assert!(
+        std::fs::read(&out).unwrap() == shipped,
+        "training with the default settings no longer gives the shipped model"
+    );
+}

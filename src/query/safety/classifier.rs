@@ -160,7 +160,7 @@ pub fn unit_vectors<'a>(
 ) -> Vec<(&'a str, Vec<(u32, f32)>)> {
     // the rules run once over the whole text; a piece has the matches inside it
     let rules = super::rule_matches(folded);
-    let ctx = Context::of(folded);
+    let ctx = Context::of(folded, mask);
     let ps = pieces(folded);
     let piece_signals = piece_signals(&ps, &ctx, mask);
     let unit = |piece: &str, sigs: &[&str]| {

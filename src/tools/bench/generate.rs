@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{DraftConfig, GenerationConfig};
-use crate::query::generate::{GenerateError, Generator, Schedule, StreamEvent};
+use crate::query::generate::{GenerateError, Generator, Params, Schedule, StreamEvent};
 use crate::tools::bench::{Peer, RemoveOnDrop};
 
 pub struct Options {
@@ -99,6 +99,13 @@ pub struct SpeculativeRow {
     pub speculative_decode_tok_s: f64,
     pub draft_decode_tok_s: f64,
     pub identical_output: bool,
+    /// The same speculative server, requests that leave its draft model out
+    /// (`generation.draft_model = false`), with prompt-lookup drafts of up to this many
+    /// tokens (0: plain target steps): their decode speed and whether their output is the
+    /// plain one.
+    pub skipped_lookup_tokens: usize,
+    pub skipped_decode_tok_s: f64,
+    pub skipped_identical_output: bool,
     /// Draft steps run, draft tokens proposed and accepted, counted by the engine over the
     /// speculative runs.
     pub draft_steps: u64,
@@ -284,15 +291,28 @@ async fn measure(
     new_tokens: usize,
     repeat: usize,
 ) -> Result<(Speed, Vec<u32>), GenerateError> {
+    let params = generator.default_params(new_tokens);
+    measure_with(generator, prompt, &params, repeat).await
+}
+
+/// [`measure`] with a request's own drafts (`params`: greedy, `max_tokens` new tokens).
+async fn measure_with(
+    generator: &Generator,
+    prompt: &[u32],
+    params: &Params,
+    repeat: usize,
+) -> Result<(Speed, Vec<u32>), GenerateError> {
     let (mut prefill, mut decode, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
     let mut generated = Vec::new();
+    let first = Params {
+        max_tokens: 1,
+        ..params.clone()
+    };
     for i in 0..repeat.max(1) {
         let started = Instant::now();
-        generator.complete_tokens(prompt.to_vec(), 1).await?;
+        generator.complete_with(prompt.to_vec(), &first).await?;
         ttft.push(started.elapsed().as_secs_f64() * 1e3);
-        let g = generator
-            .complete_tokens(prompt.to_vec(), new_tokens)
-            .await?;
+        let g = generator.complete_with(prompt.to_vec(), params).await?;
         prefill.push(g.prompt_tokens as f64 / g.prompt_secs.max(1e-9));
         // the first token comes out of the prefill step
         decode.push(g.completion_tokens.saturating_sub(1) as f64 / g.completion_secs.max(1e-9));
@@ -475,6 +495,15 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
         let before = crate::query::generate::lookup::draft_counts();
         let (spec_speed, spec_out) = measure(&spec, &prompt, opts.new_tokens, opts.repeat).await?;
         let after = crate::query::generate::lookup::draft_counts();
+        // the same server, requests that leave the draft model out (`draft_model: false`),
+        // with prompt-lookup drafts when asked for
+        let per_request = Params {
+            draft_model: false,
+            lookup_tokens: opts.lookup,
+            ..Params::greedy(opts.new_tokens)
+        };
+        let (skip_speed, skip_out) =
+            measure_with(&spec, &prompt, &per_request, opts.repeat).await?;
         report.speculative.push(SpeculativeRow {
             target: name(target),
             draft: name(draft),
@@ -484,6 +513,9 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
             speculative_decode_tok_s: spec_speed.decode_tok_s,
             draft_decode_tok_s: draft_speed.decode_tok_s,
             identical_output: spec_out == plain_out,
+            skipped_lookup_tokens: opts.lookup,
+            skipped_decode_tok_s: skip_speed.decode_tok_s,
+            skipped_identical_output: skip_out == plain_out,
             draft_steps: after.0 - before.0,
             draft_proposed: after.1 - before.1,
             draft_accepted: after.2 - before.2,
@@ -1049,6 +1081,21 @@ impl fmt::Display for GenerateBench {
                 s.draft_steps,
                 s.draft_accepted,
                 s.draft_proposed
+            )?;
+            let drafts = if s.skipped_lookup_tokens > 0 {
+                format!(
+                    "prompt-lookup drafts of ≤ {} tokens",
+                    s.skipped_lookup_tokens
+                )
+            } else {
+                "plain target steps".to_string()
+            };
+            writeln!(
+                f,
+                "  same server, requests with draft_model false ({drafts}): decode {:.1} tok/s ({:.2}× plain), identical output: {}",
+                s.skipped_decode_tok_s,
+                s.skipped_decode_tok_s / s.plain_decode_tok_s,
+                s.skipped_identical_output
             )?;
         }
         for l in &self.lookup {

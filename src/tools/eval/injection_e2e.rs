@@ -94,19 +94,28 @@ impl Action {
 pub enum Defences {
     /// The configuration as it is (the defaults: every defence on).
     All,
-    /// The classifier's verdicts ignored (`safety.chunk_injection = "allow"`).
+    /// The classifier's verdicts on chunks ignored (`safety.chunk_injection = "allow"`),
+    /// the second stage's with them.
     NoClassifier,
+    /// The classifier on, its second stage off (`safety.model_check_band = 0`): chunks it
+    /// is unsure of are not put to the model.
+    NoSecondStage,
+    /// The embedding head off (`safety.embedding_check = false`): it reads questions only,
+    /// so here it shows whether an ordinary question is flagged.
+    NoEmbeddingHead,
     /// The answer checks off (`safety.answer_check = false`): repeated and followed
     /// instructions are shown.
     NoAnswerCheck,
-    /// Both off.
+    /// All of them off.
     None,
 }
 
 impl Defences {
-    pub const ALL: [Defences; 4] = [
+    pub const ALL: [Defences; 6] = [
         Defences::All,
         Defences::NoClassifier,
+        Defences::NoSecondStage,
+        Defences::NoEmbeddingHead,
         Defences::NoAnswerCheck,
         Defences::None,
     ];
@@ -116,6 +125,8 @@ impl Defences {
         match self {
             Defences::All => "all",
             Defences::NoClassifier => "no-classifier",
+            Defences::NoSecondStage => "no-second-stage",
+            Defences::NoEmbeddingHead => "no-embedding-head",
             Defences::NoAnswerCheck => "no-answer-check",
             Defences::None => "none",
         }
@@ -129,6 +140,8 @@ impl Defences {
         match self {
             Defences::All => "all defences",
             Defences::NoClassifier => "classifier off",
+            Defences::NoSecondStage => "second stage off",
+            Defences::NoEmbeddingHead => "embedding head off",
             Defences::NoAnswerCheck => "answer check off",
             Defences::None => "none",
         }
@@ -137,6 +150,13 @@ impl Defences {
     fn apply(self, config: &mut Config) {
         if matches!(self, Defences::NoClassifier | Defences::None) {
             config.safety.chunk_injection = ChunkInjection::Allow;
+        }
+        if matches!(self, Defences::NoSecondStage | Defences::None) {
+            config.safety.model_check_band = 0.0;
+            config.safety.model_check_foreign = false;
+        }
+        if matches!(self, Defences::NoEmbeddingHead | Defences::None) {
+            config.safety.embedding_check = false;
         }
         if matches!(self, Defences::NoAnswerCheck | Defences::None) {
             config.safety.answer_check = false;
@@ -441,6 +461,37 @@ mod tests {
         .to_string();
         assert!(text.contains("carried out with none: a2"), "{text}");
         assert!(text.contains("1/2 50.0% [9.5, 90.5]"), "{text}");
+    }
+
+    #[test]
+    fn each_set_of_defences_turns_off_what_it_names() {
+        let on = Config::default();
+        let s = &on.safety;
+        assert!(
+            s.answer_check && s.embedding_check && s.model_check_band > 0.0,
+            "the defaults have every defence on"
+        );
+        let off = |d: Defences| {
+            let mut c = on.clone();
+            d.apply(&mut c);
+            let s = c.safety;
+            (
+                s.chunk_injection == ChunkInjection::Allow,
+                s.model_check_band == 0.0,
+                !s.embedding_check,
+                !s.answer_check,
+            )
+        };
+        assert_eq!(off(Defences::All), (false, false, false, false));
+        assert_eq!(off(Defences::NoClassifier), (true, false, false, false));
+        assert_eq!(off(Defences::NoSecondStage), (false, true, false, false));
+        assert_eq!(off(Defences::NoEmbeddingHead), (false, false, true, false));
+        assert_eq!(off(Defences::NoAnswerCheck), (false, false, false, true));
+        assert_eq!(off(Defences::None), (true, true, true, true));
+        for d in Defences::ALL {
+            assert_eq!(Defences::parse(d.key()), Some(d));
+        }
+        assert_eq!(Defences::parse("no-rules"), None);
     }
 
     #[test]

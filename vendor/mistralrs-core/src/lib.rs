@@ -78,7 +78,10 @@ pub use kv_cache::{
     set_cpu_cohort_scheduling, set_cpu_continuous_batching, set_cpu_prefill_chunk,
 };
 // docent: drafts from a sequence's own text (vendor/PATCHES.md 17)
-pub use pipeline::{draft_counts, set_draft_proposer, set_request_draft_tokens, DraftProposer};
+pub use pipeline::{
+    draft_counts, set_draft_proposer, set_request_draft_tokens, set_request_skips_draft_model,
+    DraftProposer,
+};
 pub mod reasoning_parsers;
 mod request;
 mod response;

@@ -520,6 +520,8 @@ pub struct Sequence {
     ragged: bool,
     // docent: most tokens a draft step may read ahead (pipeline/lookup.rs); 0: no drafts
     draft_tokens: usize,
+    // docent: skips a speculative pipeline's draft model (vendor/PATCHES.md 19)
+    skips_draft_model: bool,
     /// Number of tokens at the start of the prompt that are cached (KV already computed).
     /// These tokens should be skipped during prefill.
     prefix_cache_len: usize,
@@ -641,6 +643,7 @@ impl Sequence {
             prefill_chunk: 0,
             ragged: false,
             draft_tokens: 0,
+            skips_draft_model: false,
             prefix_cache_len: 0,
             suffix,
             prefix,
@@ -895,6 +898,17 @@ impl Sequence {
     /// docent: see [`Sequence::set_draft_tokens`].
     pub fn draft_tokens(&self) -> usize {
         self.draft_tokens
+    }
+
+    /// docent: a speculative pipeline runs this sequence's steps on its target alone
+    /// (`pipeline/speculative.rs`), as a plain pipeline would.
+    pub fn set_skips_draft_model(&mut self, skip: bool) {
+        self.skips_draft_model = skip;
+    }
+
+    /// docent: see [`Sequence::set_skips_draft_model`].
+    pub fn skips_draft_model(&self) -> bool {
+        self.skips_draft_model
     }
 
     /// docent: prefill the prompt in chunks of `chunk` tokens from the current offset (a

@@ -426,6 +426,7 @@ impl Engine {
         // Add sequences
         // docent: read once for all of the request's sequences (pipeline/lookup.rs)
         let draft_tokens = crate::pipeline::take_request_draft_tokens(request.id);
+        let skips_draft_model = crate::pipeline::take_request_skips_draft_model(request.id);
         for response_index in 0..request.sampling_params.n_choices {
             let factory = get_mut_arcmutex!(self.pipeline)
                 .get_metadata()
@@ -738,6 +739,7 @@ impl Engine {
             // docent: drafts from the sequence's own text when the caller asked for them
             // (pipeline/lookup.rs)
             seq.set_draft_tokens(draft_tokens);
+            seq.set_skips_draft_model(skips_draft_model);
 
             // docent: continuous batching and chunked prefill where the pipeline supports them
             // (vendor/PATCHES.md); not for multimodal prompts.

@@ -10,7 +10,7 @@
 //! cut back to the emitted tokens. No draft model, so nothing else to keep in step.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc, LazyLock, Mutex, RwLock,
@@ -34,6 +34,11 @@ static PROPOSER: RwLock<Option<DraftProposer>> = RwLock::new(None);
 /// when the engine adds it.
 static REQUESTS: LazyLock<Mutex<HashMap<usize, usize>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// docent (vendor/PATCHES.md 19): request ids whose sequences skip a speculative
+/// pipeline's draft model (plain target steps), set before the request is sent and taken
+/// when the engine adds it.
+static PLAIN: LazyLock<Mutex<HashSet<usize>>> = LazyLock::new(|| Mutex::new(HashSet::new()));
 
 /// Draft steps run, draft tokens read and draft tokens kept, over the process's life.
 static STEPS: AtomicU64 = AtomicU64::new(0);
@@ -77,6 +82,29 @@ pub fn set_request_draft_tokens(request_id: usize, max_tokens: usize) {
     } else {
         requests.remove(&request_id);
     }
+}
+
+/// Lets the request with this id skip the draft model of a speculative pipeline (`true`):
+/// its sequences run the target's own steps (with prompt-lookup drafts when
+/// [`set_request_draft_tokens`] allows them). Other pipelines ignore it.
+pub fn set_request_skips_draft_model(request_id: usize, skip: bool) {
+    let mut plain = PLAIN.lock().unwrap_or_else(|e| e.into_inner());
+    if plain.len() >= MAX_PENDING {
+        plain.clear();
+    }
+    if skip {
+        plain.insert(request_id);
+    } else {
+        plain.remove(&request_id);
+    }
+}
+
+/// Whether a request skips the draft model, forgotten once read.
+pub(crate) fn take_request_skips_draft_model(request_id: usize) -> bool {
+    PLAIN
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&request_id)
 }
 
 /// The draft length registered for a request (0 when none), forgotten once read.

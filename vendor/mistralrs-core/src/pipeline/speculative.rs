@@ -455,6 +455,23 @@ impl Pipeline for SpeculativePipeline {
             return Ok(total_duration);
         }
 
+        // docent (vendor/PATCHES.md 19): a sequence whose request skips the draft model runs
+        // the target's own step (its cache ops, sampling and prompt-lookup drafts included);
+        // its draft cache is never touched.
+        if input_seqs.first().is_some_and(|s| s.skips_draft_model()) {
+            return get_mut_arcmutex!(self.target)
+                .step(
+                    input_seqs,
+                    is_prompt,
+                    _return_raw_logits,
+                    prefix_cacher,
+                    disable_eos_stop,
+                    rng,
+                    backend_metadata,
+                )
+                .await;
+        }
+
         let (paged_attn_metadata, post_op) = match backend_metadata {
             CacheBackendMetadata::DefaultInstructions { pre_op, post_op } => {
                 match pre_op {
