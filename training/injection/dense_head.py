@@ -11,6 +11,13 @@ it) and reports the test split, the held-out files and the evaluation-only sets 
 n-gram classifier alone, the head alone and the two together (flagged when either flags).
 The n-gram scores come from the docent binary (`eval-injection --text`).
 
+With --pieces the same head (trained on whole texts) also reads each sentence and each pair
+of neighbouring sentences of a text, as the n-gram classifier does, and a text scores the
+highest of its whole vector and its pieces' (a chunk at query time would need one MiniLM pass
+per piece); the threshold is chosen on dev the same way, so it pays for the maximum over
+pieces. It reports the embedding's cost per text beside the figures. Measures only: the
+shipped head reads questions, whole.
+
     models/.venv/bin/python training/injection/dense_head.py --out src/query/safety/injection_dense.model
 
 Needs numpy, onnxruntime and tokenizers (the setup step's models/.venv has them) and
@@ -57,6 +64,15 @@ def embed(texts, model_dir, max_length, batch=64):
         v = (h * m).sum(1) / m.sum(1)
         out[idx] = v / np.linalg.norm(v, axis=1, keepdims=True)
     return out
+
+
+def pieces(text):
+    """The sentences of a text and each pair of neighbours, of three words or more (the
+    n-gram classifier's pieces, src/query/safety/classifier.rs, approximately)."""
+    sentences = [x.strip() for x in re.split(r"(?<=[.!?;\n。！？])\s*", text) if len(x.split()) >= 3]
+    if len(sentences) < 2:
+        return []
+    return sentences + [a + " " + b for a, b in zip(sentences, sentences[1:])]
 
 
 def ngram_scores(texts, docent):
@@ -160,6 +176,8 @@ def main():
     ap.add_argument("--dev-benign", default="benign_question,benign_chunk,benign_email",
                     help="dev categories the head may add false positives to, at most --added each")
     ap.add_argument("--added", type=float, default=0.003)
+    ap.add_argument("--pieces", action="store_true",
+                    help="also score each sentence and pair of sentences; a text scores its highest")
     args = ap.parse_args()
 
     rows = [json.loads(l) for l in open(args.data, encoding="utf-8")]
@@ -189,6 +207,32 @@ def main():
     tr = split == "train"
     head, params = train(E[tr], label[tr].astype(np.float32), args.hidden)
     score = head(E)
+    cost = ""
+    if args.pieces:
+        import time
+        owner, ptexts = [], []
+        for i, t in enumerate(texts):
+            for p in pieces(t):
+                owner.append(i)
+                ptexts.append(p)
+        pkey = hashlib.sha256(key.digest() + b"pieces")
+        for t in ptexts:
+            pkey.update(t.encode("utf-8") + b"\0")
+        pcache = Path(args.cache.format(pkey.hexdigest()[:16]))
+        started = time.perf_counter()
+        if pcache.exists():
+            P = np.load(pcache)
+            elapsed = None
+        else:
+            P = embed(ptexts, Path(args.model_dir), args.max_length)
+            elapsed = time.perf_counter() - started
+            np.save(pcache, P)
+        ps = head(P)
+        np.maximum.at(score, np.array(owner, dtype=np.int64), ps)
+        per_text = len(ptexts) / len(texts)
+        cost = (f"; {len(ptexts)} pieces, {per_text:.1f} per text" +
+                (f", embedded in {elapsed:.0f} s: {1000 * elapsed / len(texts):.1f} ms per text on top of its whole vector"
+                 if elapsed else " (embeddings cached: no timing)"))
 
     # the threshold, on dev only: the lowest score at which the head adds at most --added
     # false positives to each named benign dev category
@@ -211,7 +255,8 @@ def main():
         write_head(Path(args.out), params, args.hidden, float(threshold), probe_vector[0], probe_logit)
     print(f"head: {'MLP, ' + str(args.hidden) + ' hidden' if args.hidden else 'logistic'}; "
           f"threshold {threshold:.3f} chosen on dev ({args.dev_benign}: at most "
-          f"{100 * args.added:.1f} % added each); n-gram threshold {ng_threshold}")
+          f"{100 * args.added:.1f} % added each); n-gram threshold {ng_threshold}"
+          f"{'; whole text and pieces, highest' if args.pieces else ''}{cost}")
     print(f"{'source':9} {'category':26} {'texts':>5} {'n-grams':>8} {'head':>6} {'either':>8} {'95 % interval':>15}")
     for s in ["test", "held out", "eval"]:
         for c in sorted(set(cat[split == s])):
