@@ -427,11 +427,9 @@ pub struct Generator {
     no_tokens: Vec<u32>,
     /// `generation.lookup_tokens` and the draft model: the drafts of raw completions
     /// ([`Generator::complete_tokens`], [`Generator::stream_tokens`]); chat requests carry
-    /// their own in [`Params`].
+    /// their own in [`Params`]. `drafts.draft_model` is whether the pipeline is speculative
+    /// (`generation.draft`): then each request says whether its draft model drafts for it.
     drafts: Drafts,
-    /// The pipeline is speculative (`generation.draft`): requests say whether its draft
-    /// model drafts for them.
-    has_draft_model: bool,
 }
 
 /// Text to token ids with the model's tokenizer.
@@ -970,7 +968,6 @@ impl Generator {
                 },
                 draft_model: config.draft.is_some(),
             },
-            has_draft_model: config.draft.is_some(),
         })
     }
 
@@ -1246,7 +1243,7 @@ impl Generator {
         let id = self.model.inner().next_request_id();
         // read by the engine when it adds the request (vendor/PATCHES.md 17 and 19)
         mistralrs::core::set_request_draft_tokens(id, drafts.lookup_tokens);
-        if self.has_draft_model {
+        if self.drafts.draft_model {
             mistralrs::core::set_request_skips_draft_model(id, !drafts.draft_model);
         }
         let request = Request::Normal(Box::new(NormalRequest {

@@ -279,8 +279,8 @@ pub fn foreign(text: &str) -> bool {
 pub struct Context {
     script: Option<Script>,
     language: Option<&'static str>,
-    /// The text describes: at least three sentences of three words or more, and at most
-    /// one of them addresses its reader ([`describes`]).
+    /// The text describes rather than speaks to its reader ([`describes`]); false unless
+    /// [`Signal::Addressee`] is in the mask.
     descriptive: bool,
 }
 
