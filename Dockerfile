@@ -56,7 +56,7 @@ COPY models.toml ./
 RUN --mount=type=cache,id=docent-pip,target=/root/.cache/pip \
     DOCENT_MODELS_DIR=/models bash scripts/setup-models.sh
 # Keep what the service loads: ONNX Runtime, the fp32 and int8 MiniLM (model.onnx + tokenizer
-# files), the default generation model (Qwen2.5-Coder-1.5B-Instruct Q4_K_M, models.toml; the
+# files), the default generation model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, models.toml; the
 # link into the cache is followed) and the Q8_0 SmolLM2. Dropped (about 1.8 GB): the wheels,
 # the export venv, and the F32 / Q4_1 GGUF and safetensors copies that only the tests and
 # benchmarks use.
@@ -70,7 +70,7 @@ RUN set -eu; \
     done; \
     install -D -m 0644 /models/smollm2/SmolLM2-135M-Instruct.Q8_0.gguf \
       "$d/smollm2/SmolLM2-135M-Instruct.Q8_0.gguf"; \
-    q=qwen2.5-coder-1.5b/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf; \
+    q=qwen2.5-coder-0.5b/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf; \
     install -D -m 0644 "/models/$q" "$d/$q"; \
     du -sh "$d"
 

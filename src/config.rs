@@ -557,7 +557,7 @@ impl Default for Config {
                 min_support: 0.0,
                 fusion: docent_ingest::store::Fusion::default(),
                 ann: docent_ingest::store::Ann::default(),
-                top_k: 2,
+                top_k: 3,
                 max_top_k: 20,
                 neighbors: 0,
             },
@@ -1340,13 +1340,13 @@ mod tests {
                 PathBuf::from(crate::query::generate::catalog::DEFAULT_MODEL)
             );
             c.validate().unwrap();
-            c.generation.model = "qwen2.5-coder-0.5b".into();
+            c.generation.model = "qwen2.5-coder-1.5b".into();
             c.validate().unwrap();
             let e = c.check_generation_files().unwrap_err().to_string();
             assert!(
                 e.contains(
-                    "empty-models/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-                ) && e.contains("make setup MODELS=\"qwen2.5-coder-0.5b\""),
+                    "empty-models/qwen2.5-coder-1.5b/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+                ) && e.contains("make setup MODELS=\"qwen2.5-coder-1.5b\""),
                 "{e}"
             );
             // a name that is not in the catalog says which ones are

@@ -107,19 +107,20 @@ fn models_lists_the_catalog_with_what_is_installed_and_configured() {
             .clone()
     };
     // the models make test installs
-    let rows = list(&crate::helpers::models(), "qwen2.5-coder-0.5b");
-    let small = row(&rows, "qwen2.5-coder-0.5b");
+    let rows = list(&crate::helpers::models(), "qwen2.5-coder-1.5b");
+    let small = row(&rows, docent::query::generate::catalog::DEFAULT_MODEL);
+    assert_eq!(small["name"], "qwen2.5-coder-0.5b", "{small}");
     assert_eq!(small["installed"], true, "{small}");
-    assert_eq!(small["configured"], true, "{small}");
+    assert_eq!(small["configured"], false, "{small}");
     assert_eq!(small["bytes"], 491_400_064u64, "{small}");
     assert!(
         small["licence"].as_str().unwrap().contains("Apache-2.0")
             && small["origin"].as_str().unwrap().contains("PyPI"),
         "{small}"
     );
-    let big = row(&rows, docent::query::generate::catalog::DEFAULT_MODEL);
+    let big = row(&rows, "qwen2.5-coder-1.5b");
     assert_eq!(big["installed"], true, "{big}");
-    assert_eq!(big["configured"], false, "{big}");
+    assert_eq!(big["configured"], true, "{big}");
     assert_eq!(
         big["sha256"],
         "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
@@ -128,13 +129,13 @@ fn models_lists_the_catalog_with_what_is_installed_and_configured() {
 
     // an empty models directory: nothing installed, each row says how to install it
     let empty = tempfile::tempdir().unwrap();
-    let rows = list(empty.path(), "qwen2.5-coder-1.5b");
+    let rows = list(empty.path(), "qwen2.5-coder-0.5b");
     assert!(!rows.is_empty());
     for r in &rows {
         assert_eq!(r["installed"], false, "{r}");
         assert!(r["setup"].as_str().unwrap().contains("make setup"), "{r}");
     }
-    assert_eq!(row(&rows, "qwen2.5-coder-1.5b")["configured"], true);
+    assert_eq!(row(&rows, "qwen2.5-coder-0.5b")["configured"], true);
 
     // a file outside the catalog: the table says so
     let out = run_ok(

@@ -23,11 +23,19 @@ pub fn default_model() -> PathBuf {
     models().join(&m.file)
 }
 
-/// Qwen2.5-Coder-0.5B-Instruct's file (`make test` installs it beside the default): the
-/// batching tests' llama.cpp fixture is its, and it drafts for the 1.5B.
+/// Qwen2.5-Coder-0.5B-Instruct's file (the default model): the batching tests' llama.cpp
+/// fixture is its, and it drafts for the 1.5B.
 pub fn qwen_0_5b() -> PathBuf {
     use docent::query::generate::catalog;
     let m = catalog::find("qwen2.5-coder-0.5b").expect("the 0.5B is in the catalog");
+    models().join(&m.file)
+}
+
+/// Qwen2.5-Coder-1.5B-Instruct's file (`make test` installs it beside the default): the
+/// 0.5B drafts for it, and the injection second stage was measured to pay with it.
+pub fn qwen_1_5b() -> PathBuf {
+    use docent::query::generate::catalog;
+    let m = catalog::find("qwen2.5-coder-1.5b").expect("the 1.5B is in the catalog");
     models().join(&m.file)
 }
 
@@ -181,15 +189,15 @@ pub fn serve(config: Config) -> String {
     format!("http://127.0.0.1:{port}")
 }
 
-/// The default model's generator for servers whose generation settings are equal: one copy
-/// of its weights (1.1 GB) for all of them, since every test server lives until the binary
+/// The Qwen models' generator for servers whose generation settings are equal: one copy
+/// of its weights for all of them, since every test server lives until the binary
 /// ends (docs/testing.md, "Memory"). Other models load per server. The generator's engine
 /// runs on its own thread, so servers on other runtimes share it.
 async fn shared_generator(config: &Config) -> Option<docent::query::generate::SharedGenerator> {
     use docent::query::generate::{Generator, SharedGenerator};
     type Loaded = std::collections::HashMap<String, SharedGenerator>;
     static LOADED: OnceLock<tokio::sync::Mutex<Loaded>> = OnceLock::new();
-    if config.generation.model != default_model() {
+    if config.generation.model != default_model() && config.generation.model != qwen_1_5b() {
         return None;
     }
     let key = serde_json::to_string(&config.generation).expect("settings as JSON");

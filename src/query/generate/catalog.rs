@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 const CATALOG: &str = include_str!("../../../models.toml");
 
 /// The model `generation.model` names when the configuration does not.
-pub const DEFAULT_MODEL: &str = "qwen2.5-coder-1.5b";
+pub const DEFAULT_MODEL: &str = "qwen2.5-coder-0.5b";
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

@@ -465,11 +465,13 @@ mod tests {
 
     #[test]
     fn each_set_of_defences_turns_off_what_it_names() {
-        let on = Config::default();
+        // every defence on: the defaults, with the second stage (off by default with the 0.5B)
+        let mut on = Config::default();
+        on.safety.model_check_band = 0.3;
         let s = &on.safety;
         assert!(
-            s.answer_check && s.embedding_check && s.model_check_band > 0.0,
-            "the defaults have every defence on"
+            s.answer_check && s.embedding_check && s.chunk_injection != ChunkInjection::Allow,
+            "the defaults have the other defences on"
         );
         let off = |d: Defences| {
             let mut c = on.clone();
