@@ -16,27 +16,28 @@ pub fn models() -> PathBuf {
         .unwrap_or_else(|| repo().join("models"))
 }
 
+/// The file of the catalog model `name` (models.toml) in the models directory.
+fn catalog_model(name: &str) -> PathBuf {
+    let m = docent::query::generate::catalog::find(name)
+        .unwrap_or_else(|| panic!("{name} is in the catalog"));
+    models().join(&m.file)
+}
+
 /// The default generation model's file (models.toml; `make setup` installs it).
 pub fn default_model() -> PathBuf {
-    use docent::query::generate::catalog;
-    let m = catalog::find(catalog::DEFAULT_MODEL).expect("the default model is in the catalog");
-    models().join(&m.file)
+    catalog_model(docent::query::generate::catalog::DEFAULT_MODEL)
 }
 
 /// Qwen2.5-Coder-0.5B-Instruct's file (the default model): the batching tests' llama.cpp
 /// fixture is its, and it drafts for the 1.5B.
 pub fn qwen_0_5b() -> PathBuf {
-    use docent::query::generate::catalog;
-    let m = catalog::find("qwen2.5-coder-0.5b").expect("the 0.5B is in the catalog");
-    models().join(&m.file)
+    catalog_model("qwen2.5-coder-0.5b")
 }
 
 /// Qwen2.5-Coder-1.5B-Instruct's file (`make test` installs it beside the default): the
 /// 0.5B drafts for it, and the injection second stage was measured to pay with it.
 pub fn qwen_1_5b() -> PathBuf {
-    use docent::query::generate::catalog;
-    let m = catalog::find("qwen2.5-coder-1.5b").expect("the 1.5B is in the catalog");
-    models().join(&m.file)
+    catalog_model("qwen2.5-coder-1.5b")
 }
 
 /// Where the generation tests run: `DOCENT_TEST_DEVICE` (`cpu` by default; `cuda` in a

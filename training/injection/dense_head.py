@@ -26,10 +26,12 @@ is fitted to the held-out or the public sets.
 """
 
 import argparse
+import hashlib
 import json
 import math
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +66,24 @@ def embed(texts, model_dir, max_length, batch=64):
         v = (h * m).sum(1) / m.sum(1)
         out[idx] = v / np.linalg.norm(v, axis=1, keepdims=True)
     return out
+
+
+def cached_embed(texts, model_dir, max_length, cache_pattern):
+    """embed(texts), kept in a file named by a hash of the model, max_length and the texts;
+    with the seconds the embedding took (None when it came from the file)."""
+    key = hashlib.sha256()
+    key.update((Path(model_dir) / "model.onnx").read_bytes())
+    key.update(str(max_length).encode())
+    for t in texts:
+        key.update(t.encode("utf-8") + b"\0")
+    cache = Path(cache_pattern.format(key.hexdigest()[:16]))
+    if cache.exists():
+        return np.load(cache), None
+    started = time.perf_counter()
+    E = embed(texts, Path(model_dir), max_length)
+    elapsed = time.perf_counter() - started
+    np.save(cache, E)
+    return E, elapsed
 
 
 def pieces(text):
@@ -186,18 +206,7 @@ def main():
             r = json.loads(l)
             rows.append({"text": r["text"], "label": r["label"], "split": "held out", "category": f.stem})
     texts = [r["text"] for r in rows]
-    import hashlib
-    key = hashlib.sha256()
-    key.update((Path(args.model_dir) / "model.onnx").read_bytes())
-    key.update(str(args.max_length).encode())
-    for t in texts:
-        key.update(t.encode("utf-8") + b"\0")
-    cache = Path(args.cache.format(key.hexdigest()[:16]))
-    if cache.exists():
-        E = np.load(cache)
-    else:
-        E = embed(texts, Path(args.model_dir), args.max_length)
-        np.save(cache, E)
+    E, _ = cached_embed(texts, args.model_dir, args.max_length, args.cache)
     ng, ng_threshold = ngram_scores(texts, args.docent)
     ng_flag = ng >= ng_threshold
 
@@ -209,24 +218,12 @@ def main():
     score = head(E)
     cost = ""
     if args.pieces:
-        import time
         owner, ptexts = [], []
         for i, t in enumerate(texts):
             for p in pieces(t):
                 owner.append(i)
                 ptexts.append(p)
-        pkey = hashlib.sha256(key.digest() + b"pieces")
-        for t in ptexts:
-            pkey.update(t.encode("utf-8") + b"\0")
-        pcache = Path(args.cache.format(pkey.hexdigest()[:16]))
-        started = time.perf_counter()
-        if pcache.exists():
-            P = np.load(pcache)
-            elapsed = None
-        else:
-            P = embed(ptexts, Path(args.model_dir), args.max_length)
-            elapsed = time.perf_counter() - started
-            np.save(pcache, P)
+        P, elapsed = cached_embed(ptexts, args.model_dir, args.max_length, args.cache)
         ps = head(P)
         np.maximum.at(score, np.array(owner, dtype=np.int64), ps)
         per_text = len(ptexts) / len(texts)
