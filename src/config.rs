@@ -595,6 +595,9 @@ impl Default for Config {
                 refusal_phrase: crate::query::generate::default_refusal_phrase(),
                 refusal_threshold: crate::query::generate::default_refusal_threshold(),
                 refusal_check: Default::default(),
+                refusal_check_old: None,
+                refusal_probe: None,
+                refusal_probe_threshold: None,
                 lead_with_marker: true,
             },
             prompts: PromptsConfig {
@@ -669,6 +672,9 @@ impl Config {
             .map_err(|e| ConfigError::Parse(e.to_string()))?;
         if let Ok(raw) = std::env::var("DOCENT_API_KEYS") {
             config.auth.add_env_keys(&raw)?;
+        }
+        if let Some(check) = config.generation.refusal_check_old.take() {
+            config.generation.refusal_check = check;
         }
         config.validate()?;
         Ok(config)
@@ -1015,11 +1021,27 @@ impl Config {
                 format!("is a probability above 0 and at most 1 (1: refuse only when the model writes the refusal phrase), got {t}"),
             );
         }
+        if let Some(t) = self.generation.refusal_probe_threshold {
+            if !(t > 0.0 && t <= 1.0) {
+                return invalid(
+                    "generation.refusal_probe_threshold",
+                    format!("is a probability above 0 and at most 1 (the probe's own, from its file, when unset), got {t}"),
+                );
+            }
+        }
+        if let Some(p) = &self.generation.refusal_probe {
+            if let Err(e) = crate::query::generate::probe::Probe::read(p) {
+                return invalid(
+                    "generation.refusal_probe",
+                    format!("{e}; name a file written by `docent train-refusal`, or unset it for the probe docent ships"),
+                );
+            }
+        }
         if self.generation.refusal_check == crate::query::generate::RefusalCheck::Question
             && self.generation.refusal_phrase.trim().is_empty()
         {
             return invalid(
-                "generation.refusal_check",
+                "generation.refusal",
                 "\"question\" asks the model whether the passages hold the answer, which is off when generation.refusal_phrase is empty; set a refusal phrase or use \"first_token\"".to_string(),
             );
         }
@@ -1261,7 +1283,7 @@ mod tests {
         c.generation.refusal_phrase = " ".into();
         let e = c.validate().unwrap_err().to_string();
         assert!(
-            e.contains("generation.refusal_check") && e.contains("refusal_phrase"),
+            e.contains("generation.refusal") && e.contains("refusal_phrase"),
             "{e}"
         );
         // from TOML, by name
@@ -1275,7 +1297,30 @@ mod tests {
         );
         std::fs::write(&f, "[generation]\nrefusal_check = \"ask\"\n").unwrap();
         let e = Config::load(Some(&f)).unwrap_err().to_string();
-        assert!(e.contains("first_token") && e.contains("question"), "{e}");
+        assert!(e.contains("first_token") && e.contains("question"), "{e}"); // the setting's own name, and the default
+        std::fs::write(&f, "[generation]\nrefusal = \"off\"\n").unwrap();
+        let c = Config::load(Some(&f)).unwrap();
+        assert_eq!(
+            c.generation.refusal_check,
+            crate::query::generate::RefusalCheck::Off
+        );
+        assert_eq!(
+            Config::default().generation.refusal_check,
+            crate::query::generate::RefusalCheck::Probe
+        );
+        std::fs::write(&f, "[generation]\nrefusal_probe_threshold = 1.5\n").unwrap();
+        let e = Config::load(Some(&f)).unwrap_err().to_string();
+        assert!(e.contains("generation.refusal_probe_threshold"), "{e}");
+        std::fs::write(
+            &f,
+            "[generation]\nrefusal_probe = \"/no/such/probe.json\"\n",
+        )
+        .unwrap();
+        let e = Config::load(Some(&f)).unwrap_err().to_string();
+        assert!(
+            e.contains("generation.refusal_probe") && e.contains("train-refusal"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -290,6 +290,50 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             let report = docent::tools::train_injection::run(&data, &out, settings)?;
             print_report(&report, json)
         }
+        Command::TrainRefusal {
+            questions,
+            corpus,
+            encyclo,
+            examples,
+            states,
+            out,
+            layer,
+            plain,
+            max_false_refusals,
+            rebuild,
+            extract,
+            time,
+            json,
+        } => {
+            let model = config.generation.model.display().to_string();
+            let stem = model.rsplit('/').next().unwrap_or(&model).to_string();
+            let corpora = corpus
+                .iter()
+                .map(|c| {
+                    c.split_once('=')
+                        .map(|(n, p)| (n.to_string(), PathBuf::from(p)))
+                        .ok_or_else(|| anyhow::anyhow!("--corpus {c:?}: write NAME=FILE"))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let settings = docent::tools::train_refusal::Settings {
+                questions,
+                corpora,
+                encyclo: (!encyclo.as_os_str().is_empty()).then_some(encyclo),
+                examples,
+                states: states.unwrap_or_else(|| format!("training/refusal/{stem}.states").into()),
+                out: out.unwrap_or_else(|| {
+                    format!("training/refusal/probes/{stem}.refusal.json").into()
+                }),
+                layer,
+                whiten: !plain,
+                max_false_refusals,
+                rebuild,
+                extract,
+                time,
+            };
+            let report = docent::tools::train_refusal::run(&config, &settings).await?;
+            print_report(&report, json)
+        }
         Command::EvalPii { dataset, json } => {
             let report = docent::tools::eval::safety::run(&dataset)?;
             print_report(&report, json)
@@ -338,10 +382,16 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
                 let mut config = evaluated.config.clone();
                 // the model's judgement is recorded and the configured threshold applied
                 // afterwards: one run gives every threshold (see eval::answers)
-                let threshold = config.generation.refusal_threshold;
+                let mut threshold = config.generation.refusal_threshold;
+                let probe_threshold = config.generation.refusal_probe_threshold;
                 config.generation.refusal_threshold = 1.0;
+                config.generation.refusal_probe_threshold = Some(f32::INFINITY);
                 let engine =
                     Arc::new(startup::query_engine(&config, evaluated.index.clone()).await?);
+                // the probe decides at its own threshold (its file's unless configured)
+                if let Some((probe, _)) = engine.generator().probe() {
+                    threshold = probe_threshold.unwrap_or(probe.file.threshold);
+                }
                 report.answers = Some(
                     docent::tools::eval::answers(
                         &engine,

@@ -9,6 +9,7 @@ pub mod catalog;
 pub mod cpu_kernels;
 pub mod device;
 pub mod lookup;
+pub mod probe;
 
 use serde::{Deserialize, Serialize};
 use std::num::NonZeroUsize;
@@ -217,9 +218,22 @@ pub struct GenerationConfig {
     /// other words, are refused too.
     #[serde(default = "default_refusal_threshold")]
     pub refusal_threshold: f32,
-    /// Which of the model's signals decides a refusal (see [`RefusalCheck`]).
-    #[serde(default)]
+    /// Which of the model's signals decides a refusal (`generation.refusal`: `probe`,
+    /// `first_token`, `question`, `off`; see [`RefusalCheck`]).
+    #[serde(default, rename = "refusal")]
     pub refusal_check: RefusalCheck,
+    /// The setting's earlier name, `generation.refusal_check`: still read, and when given
+    /// it wins (`Config::load` moves it to `refusal_check`).
+    #[serde(default, rename = "refusal_check", skip_serializing)]
+    pub refusal_check_old: Option<RefusalCheck>,
+    /// A refusal probe file of one's own (`docent train-refusal`); unset: the one docent
+    /// ships for the catalog model (`models.toml`'s `refusal_probe`).
+    #[serde(default)]
+    pub refusal_probe: Option<PathBuf>,
+    /// The probe's threshold (refused at or above); unset: the one in the probe file,
+    /// chosen on the probe's dev split.
+    #[serde(default)]
+    pub refusal_probe_threshold: Option<f32>,
     /// Let an answer start with a citation marker (`[1] ...`). When false, `[` is masked at
     /// the answer's first step, so the model starts with words and cites after them.
     #[serde(default = "yes")]
@@ -253,15 +267,22 @@ pub const COHORT_ADMIT_BELOW: usize = 4;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RefusalCheck {
+    /// The refusal probe over the model's hidden state at the prompt's last token, read
+    /// in the prefill (no extra pass; [`probe`]). A model without a probe falls back to
+    /// [`RefusalCheck::FirstToken`] with a warning.
+    #[default]
+    Probe,
     /// Its probability of starting the answer with the refusal phrase, read at the
     /// answer's first step (no extra pass).
-    #[default]
     FirstToken,
     /// A yes/no pre-question before the answer (`prompts/answer_check.jinja`, appended to
     /// the same prompt, so the answer then reuses its prefix from the cache): the
     /// probability of "no" against "yes" at its first token. Costs the pre-question's few
     /// tokens and one step before the answer starts.
     Question,
+    /// The model is not asked to judge: it answers every question retrieval lets through
+    /// (an answer that says the refusal phrase is still a refusal).
+    Off,
 }
 
 pub(crate) fn default_refusal_phrase() -> String {
@@ -417,8 +438,10 @@ pub struct Generator {
     refusal_tokens: Vec<u32>,
     /// `generation.refusal_threshold` (see [`RefusalGate`]).
     refusal_threshold: f32,
-    /// `generation.refusal_check`.
+    /// `generation.refusal_check`, after the fallback for a model without a probe.
     refusal_check: RefusalCheck,
+    /// The refusal probe and its threshold, with [`RefusalCheck::Probe`].
+    probe: Option<(Arc<probe::Probe>, f32)>,
     /// Tokens masked at an answer's first step (`generation.lead_with_marker = false`: the
     /// first tokens of a citation marker); empty when none are.
     lead_masked: Vec<u32>,
@@ -624,19 +647,28 @@ struct Judge {
     /// Set at the first generated step: the probability of the refusal phrase's first
     /// token (see [`RefusalGate`]); it decides when there is no pre-question.
     first_token: Option<Arc<OnceLock<f32>>>,
+    /// The probe's score (set in the prefill) and its threshold: it decides when there is
+    /// no pre-question and the model gave its states.
+    probe: Option<(Arc<probe::ProbeScore>, f32)>,
     threshold: f32,
 }
 
 impl Judge {
     fn judgement(&self) -> Option<Judgement> {
         let first_token = self.first_token.as_ref().and_then(|p| p.get().copied());
-        let probability = self.question.or(first_token)?;
+        let probe = self.probe.as_ref().and_then(|(s, _)| s.get());
+        let (probability, threshold) = match (self.question, probe, &self.probe) {
+            (Some(q), _, _) => (q, self.threshold),
+            (None, Some(p), Some((_, t))) => (p, *t),
+            _ => (first_token?, self.threshold),
+        };
         Some(Judgement {
             probability,
-            refuse: probability >= self.threshold,
+            refuse: probability >= threshold,
             signals: RefusalSignals {
                 first_token,
                 question: self.question,
+                probe,
             },
         })
     }
@@ -801,6 +833,26 @@ impl Generator {
                     .into(),
             ));
         }
+        // the refusal probe first: one for another model file stops the start-up at once
+        let (refusal_check, probe) = match config.refusal_check {
+            RefusalCheck::Probe => match refusal_probe(config, &catalog::resolve(&config.model))
+                .map_err(|e| load_err(e.to_string()))?
+            {
+                Some(p) => {
+                    let threshold = config.refusal_probe_threshold.unwrap_or(p.file.threshold);
+                    (RefusalCheck::Probe, Some((Arc::new(p), threshold)))
+                }
+                None => {
+                    tracing::warn!(
+                        model = %config.model.display(),
+                        "no refusal probe for this model (generation.refusal_probe); refusals \
+                         fall back to the first-token signal (generation.refusal = \"first_token\")"
+                    );
+                    (RefusalCheck::FirstToken, None)
+                }
+            },
+            other => (other, None),
+        };
         let loader = target.loader(write_uqff.clone())?;
         let loader: Box<dyn Loader> = match &config.draft {
             Some(draft) => Box::new(SpeculativeLoader {
@@ -954,7 +1006,8 @@ impl Generator {
             ids,
             refusal_tokens,
             refusal_threshold: config.refusal_threshold,
-            refusal_check: config.refusal_check,
+            refusal_check,
+            probe,
             lead_masked,
             yes_tokens,
             no_tokens,
@@ -1026,7 +1079,8 @@ impl Generator {
         prompt: &Prompt,
         params: &Params,
     ) -> Result<GenerationStream, GenerateError> {
-        let judging = !self.refusal_tokens.is_empty();
+        let judging = self.refusal_check != RefusalCheck::Off
+            && (!self.refusal_tokens.is_empty() || self.probe.is_some());
         let question = match self.refusal_check {
             RefusalCheck::Question if judging && !prompt.check.is_empty() => {
                 Some(self.check(prompt).await?)
@@ -1040,9 +1094,21 @@ impl Generator {
             None => self.refusal_threshold,
         };
         let first_token = judging.then(Arc::<OnceLock<f32>>::default);
+        let probe = self
+            .probe
+            .as_ref()
+            .filter(|_| judging)
+            .map(|(p, threshold)| ProbeGate {
+                read: probe::ProbeRead {
+                    probe: p.clone(),
+                    score: Arc::default(),
+                },
+                threshold: *threshold,
+            });
         let judge = Judge {
             question,
             first_token: first_token.clone(),
+            probe: probe.as_ref().map(|g| (g.read.score.clone(), g.threshold)),
             threshold: self.refusal_threshold,
         };
         if question.is_some_and(|q| q >= self.refusal_threshold) {
@@ -1057,10 +1123,15 @@ impl Generator {
         }
         let processors = (judging || !self.lead_masked.is_empty()).then(|| {
             vec![Arc::new(RefusalGate {
-                tokens: self.refusal_tokens.clone(),
+                tokens: if judging {
+                    self.refusal_tokens.clone()
+                } else {
+                    Vec::new()
+                },
                 threshold: refuse_first_token,
                 probability: first_token.clone().unwrap_or_default(),
                 masked: self.lead_masked.clone(),
+                probe: probe.filter(|_| question.is_none()),
             }) as Arc<dyn mistralrs::CustomLogitsProcessor>]
         });
         let mut stream = self
@@ -1122,6 +1193,36 @@ impl Generator {
                 .ok_or_else(|| GenerateError::Engine("the pre-question was not read".into())),
             other => Err(response_error(other)),
         }
+    }
+
+    /// The hidden states at `prompt`'s last token, every layer's (0: after the first), read
+    /// in one greedy step's prefill as an answer's would be; `None` when the model does not
+    /// give them (not the quantized Llama decoder, or a draft model's step).
+    pub async fn hidden_states(
+        &self,
+        prompt: &Prompt,
+    ) -> Result<Option<Vec<Vec<f32>>>, GenerateError> {
+        let reader = Arc::new(probe::StateReader::default());
+        let response = self
+            .request_once(
+                messages(prompt),
+                sampling(&Params::greedy(1)),
+                false,
+                Some(vec![
+                    reader.clone() as Arc<dyn mistralrs::CustomLogitsProcessor>
+                ]),
+                Drafts::NONE,
+            )
+            .await?;
+        match response {
+            Response::Done(_) => Ok(reader.states.lock().ok().and_then(|mut s| s.take())),
+            other => Err(response_error(other)),
+        }
+    }
+
+    /// The refusal probe this generator decides with, and its threshold.
+    pub fn probe(&self) -> Option<(&probe::Probe, f32)> {
+        self.probe.as_ref().map(|(p, t)| (p.as_ref(), *t))
     }
 
     /// Raw completion from token ids (no template), greedy, token by token.
@@ -1429,6 +1530,15 @@ struct RefusalGate {
     threshold: f32,
     probability: Arc<OnceLock<f32>>,
     masked: Vec<u32>,
+    /// With [`RefusalCheck::Probe`]: the probe reads the prompt's hidden states in the
+    /// prefill, and its score decides at the first step instead of `threshold`.
+    probe: Option<ProbeGate>,
+}
+
+/// The probe a [`RefusalGate`] decides with.
+struct ProbeGate {
+    read: probe::ProbeRead,
+    threshold: f32,
 }
 
 /// The model's judgement at an answer's first step (see [`RefusalGate`]), or from the
@@ -1453,6 +1563,10 @@ pub struct RefusalSignals {
     /// Of answering "no" to the pre-question (`generation.refusal_check = "question"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub question: Option<f32>,
+    /// The refusal probe's, from the hidden state at the prompt's last token
+    /// (`generation.refusal = "probe"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<f32>,
 }
 
 impl mistralrs::CustomLogitsProcessor for RefusalGate {
@@ -1470,7 +1584,14 @@ impl mistralrs::CustomLogitsProcessor for RefusalGate {
             .to_vec1()?;
         let probability = token_probability(&values, &self.tokens);
         let _ = self.probability.set(probability);
-        let refuse = !self.tokens.is_empty() && probability >= self.threshold;
+        let probe = self
+            .probe
+            .as_ref()
+            .and_then(|g| Some((g.read.score.get()?, g.threshold)));
+        let refuse = match probe {
+            Some((score, threshold)) => score >= threshold,
+            None => !self.tokens.is_empty() && probability >= self.threshold,
+        };
         if refuse {
             return Ok(logits.clone());
         }
@@ -1482,6 +1603,62 @@ impl mistralrs::CustomLogitsProcessor for RefusalGate {
         mistralrs::Tensor::from_vec(values, logits.shape(), logits.device())?
             .to_dtype(logits.dtype())
     }
+
+    fn wants_hidden_states(&self) -> bool {
+        self.probe.is_some()
+    }
+
+    fn observe_hidden_states(&self, states: &[Vec<f32>]) {
+        if let Some(g) = &self.probe {
+            g.read.score.set(g.read.probe.score(states));
+        }
+    }
+}
+
+/// The refusal probe for `config.model` (whose file is `model_file`): the file
+/// `generation.refusal_probe` names, else the one shipped for the catalog model (named, or a
+/// path to a file of the same size and sha256); `None` when there is none. Checked against
+/// the model file's sha256: a probe for another file is an error that says what to do.
+fn refusal_probe(
+    config: &GenerationConfig,
+    model_file: &Path,
+) -> Result<Option<probe::Probe>, probe::ProbeError> {
+    if !model_file.is_file() {
+        // a hub id or a missing file: the loader says what is wrong
+        return Ok(None);
+    }
+    let sha = || {
+        probe::file_sha256(model_file).map_err(|e| probe::ProbeError::Read {
+            path: model_file.to_path_buf(),
+            message: e.to_string(),
+        })
+    };
+    let (name, probe) = match &config.refusal_probe {
+        Some(path) => (path.display().to_string(), probe::Probe::read(path)?),
+        None => {
+            let named = config.model.to_str().and_then(catalog::find);
+            let size = std::fs::metadata(model_file).map(|m| m.len()).ok();
+            let entry = match named {
+                Some(m) => Some(m),
+                // a path: the catalog file it is, by size, then by hash
+                None => match catalog::known()
+                    .iter()
+                    .find(|m| m.refusal_probe.is_some() && m.bytes.is_some() && m.bytes == size)
+                {
+                    Some(m) if m.sha256.as_deref() == Some(sha()?.as_str()) => Some(m),
+                    _ => None,
+                },
+            };
+            let shipped = entry
+                .and_then(|m| m.refusal_probe.as_deref())
+                .and_then(|name| Some((name, probe::shipped(name)?)));
+            match shipped {
+                Some((name, text)) => (name.to_string(), probe::Probe::parse(name, text)?),
+                None => return Ok(None),
+            }
+        }
+    };
+    probe.for_model(&name, model_file, &sha()?).map(Some)
 }
 
 /// Reads the pre-question's first step: the probability of `no` against `yes`
@@ -1599,6 +1776,7 @@ mod tests {
             threshold,
             probability: Arc::default(),
             masked,
+            probe: None,
         };
         // a marker token (3) masked whatever the judgement, the refusal token (1) under it
         let g = gate(0.9, vec![3]);
@@ -1628,10 +1806,62 @@ mod tests {
             threshold: 0.0,
             probability: Arc::default(),
             masked: vec![0],
+            probe: None,
         };
         let first = values(g.apply(&logits(vec![5.0, 0.0, 1.0, 2.0]), &[]).unwrap());
         assert_eq!(first[0], f32::NEG_INFINITY);
         assert_eq!(&first[1..], &[0.0, 1.0, 2.0]);
+    }
+
+    /// With a probe the gate asks for the prompt's states, scores them, and decides by the
+    /// probe's threshold whatever the first token says.
+    #[test]
+    fn the_gate_decides_by_the_probe_when_it_has_one() {
+        use mistralrs::CustomLogitsProcessor;
+        let logits =
+            |v: Vec<f32>| mistralrs::Tensor::from_vec(v, 4, &mistralrs::Device::Cpu).unwrap();
+        let values = |t: mistralrs::Tensor| t.to_vec1::<f32>().unwrap();
+        let gate = || RefusalGate {
+            tokens: vec![1],
+            // the first token alone would refuse anything
+            threshold: 0.0,
+            probability: Arc::default(),
+            masked: vec![],
+            probe: Some(ProbeGate {
+                read: probe::ProbeRead {
+                    probe: Arc::new(probe::Probe {
+                        file: probe::ProbeFile {
+                            format: probe::FORMAT.into(),
+                            model: "m".into(),
+                            model_sha256: "0".repeat(64),
+                            layer: 1,
+                            weights: vec![1.0, 0.0],
+                            scale: 1.0,
+                            bias: 0.0,
+                            threshold: 0.5,
+                            training: serde_json::Value::Null,
+                        },
+                    }),
+                    score: Arc::default(),
+                },
+                threshold: 0.5,
+            }),
+        };
+        let g = gate();
+        assert!(g.wants_hidden_states());
+        // layer 1's state projects to -3: score 0.047, below 0.5: the model answers
+        g.observe_hidden_states(&[vec![9.0, 9.0], vec![-3.0, 1.0]]);
+        let first = values(g.apply(&logits(vec![0.0, 3.0, 0.0, 0.0]), &[]).unwrap());
+        assert_eq!(first[1], f32::NEG_INFINITY, "{first:?}");
+        // a later chunk's call wins: +3 → 0.95, refused (logits unchanged)
+        let g = gate();
+        g.observe_hidden_states(&[vec![0.0, 0.0], vec![-3.0, 1.0]]);
+        g.observe_hidden_states(&[vec![0.0, 0.0], vec![3.0, 1.0]]);
+        assert!(g.probe.as_ref().unwrap().read.score.get().unwrap() > 0.9);
+        assert_eq!(
+            values(g.apply(&logits(vec![0.0, 3.0, 0.0, 0.0]), &[]).unwrap()),
+            vec![0.0, 3.0, 0.0, 0.0]
+        );
     }
 
     #[test]
@@ -1686,6 +1916,7 @@ mod tests {
         let judge = |question| Judge {
             question,
             first_token: Some(first.clone()),
+            probe: None,
             threshold: 0.6,
         };
         // no pre-question: nothing until the first token, then the first token decides
@@ -1702,9 +1933,35 @@ mod tests {
             j.signals,
             RefusalSignals {
                 first_token: Some(0.9),
-                question: Some(0.2)
+                question: Some(0.2),
+                probe: None,
             }
         );
+    }
+
+    #[test]
+    fn the_probe_decides_at_its_own_threshold_once_the_prefill_gave_its_score() {
+        let first = Arc::new(OnceLock::new());
+        let score = Arc::new(probe::ProbeScore::default());
+        let judge = |question| Judge {
+            question,
+            first_token: Some(first.clone()),
+            probe: Some((score.clone(), 0.3)),
+            threshold: 0.9,
+        };
+        assert_eq!(judge(None).judgement(), None);
+        // the prefill gave no states (e.g. a draft model's step): the first token decides
+        first.set(0.5).unwrap();
+        let j = judge(None).judgement().unwrap();
+        assert!(!j.refuse && j.probability == 0.5 && j.signals.probe.is_none());
+        score.set(Some(0.35));
+        let j = judge(None).judgement().unwrap();
+        assert!(j.refuse && j.probability == 0.35, "{j:?}");
+        assert_eq!(j.signals.first_token, Some(0.5));
+        score.set(Some(0.25));
+        assert!(!judge(None).judgement().unwrap().refuse);
+        // a pre-question still decides when asked
+        assert!(judge(Some(0.95)).judgement().unwrap().refuse);
     }
 
     #[test]

@@ -117,7 +117,7 @@ pub struct Prompt {
     pub system: String,
     pub history: Vec<Turn>,
     pub user: String,
-    /// The yes/no pre-question asked after `user` when `generation.refusal_check` is
+    /// The yes/no pre-question asked after `user` when `generation.refusal` is
     /// `question` (`answer_check.jinja`; empty: none).
     pub check: String,
     /// The tag the context is quoted in (`doc-…`).

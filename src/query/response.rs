@@ -40,12 +40,12 @@ pub struct QueryResponse {
     pub refusal_reason: Option<RefusalReason>,
     /// The model's judgement, when it was asked: its probability of starting the answer
     /// with the refusal phrase (`generation.refusal_phrase`), or with
-    /// `generation.refusal_check = "question"` of answering "no" to the pre-question,
+    /// `generation.refusal = "question"` of answering "no" to the pre-question,
     /// refused at or above `generation.refusal_threshold`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refusal_probability: Option<f32>,
     /// Every signal of the model's judgement that was read (`first_token`; `question`
-    /// with `generation.refusal_check = "question"`), each a probability that the
+    /// with `generation.refusal = "question"`), each a probability that the
     /// passages do not hold the answer; `refusal_probability` is the deciding one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refusal_signals: Option<RefusalSignals>,

@@ -102,6 +102,13 @@ pub async fn query_engine(config: &Config, index: Index) -> anyhow::Result<Query
     query_engine_with(config, index, generator)
 }
 
+/// The templates as the query path fills them (spotlighting and refusal phrase as configured).
+pub fn prompts(config: &Config) -> anyhow::Result<Prompts> {
+    Ok(Prompts::load(&config.prompts.dir)?
+        .spotlight(config.safety.spotlight)
+        .refusal_phrase(&config.generation.refusal_phrase))
+}
+
 /// The query path over an open index with a generation model already loaded (one model
 /// serving several indexes in one process); `config.generation` is not read.
 pub fn query_engine_with(
@@ -109,9 +116,7 @@ pub fn query_engine_with(
     index: Index,
     generator: crate::query::generate::SharedGenerator,
 ) -> anyhow::Result<QueryEngine> {
-    let prompts = Prompts::load(&config.prompts.dir)?
-        .spotlight(config.safety.spotlight)
-        .refusal_phrase(&config.generation.refusal_phrase);
+    let prompts = prompts(config)?;
     let mut safety = config.safety.clone();
     if safety.embedding_check {
         // the embedding head reads vectors of the model it was trained on, only

@@ -5,3 +5,4 @@ pub mod bench;
 pub mod eval;
 pub mod models;
 pub mod train_injection;
+pub mod train_refusal;

@@ -15,6 +15,7 @@ mod helpers;
 mod ingest;
 mod openai;
 mod parsers;
+mod refusal;
 mod replicas;
 mod safety;
 mod server_store;

@@ -32,6 +32,11 @@ pub struct KnownModel {
     /// the setup script derives itself.
     #[serde(default)]
     pub parts: Vec<Part>,
+    /// The refusal probe docent ships for this file (`src/query/generate/probe.rs`
+    /// compiles it in from `training/refusal/probes/`); its own sha256 check is against
+    /// `sha256` above.
+    #[serde(default)]
+    pub refusal_probe: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

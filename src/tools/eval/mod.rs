@@ -97,6 +97,22 @@ pub(crate) fn jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> anyhow::Result
 }
 
 impl Dataset {
+    /// Every question: id, text, whether it has relevant documents (answerable), its gold
+    /// answers.
+    pub(crate) fn questions(&self) -> Vec<(String, String, bool, Vec<String>)> {
+        self.queries
+            .iter()
+            .map(|q| {
+                (
+                    q.id.clone(),
+                    q.text.clone(),
+                    self.qrels.contains_key(&q.id),
+                    self.answers.get(&q.id).cloned().unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+
     pub fn load(dir: &Path) -> anyhow::Result<Self> {
         let corpus = jsonl(&dir.join("corpus.jsonl"))?;
         let queries = jsonl(&dir.join("queries.jsonl"))?;
@@ -320,7 +336,7 @@ pub struct AnswerReport {
     /// that say the phrase are refused at every threshold). Empty when no refusal phrase
     /// is configured.
     pub refusal_by_model: Vec<ThresholdRow>,
-    /// With a pre-question (`generation.refusal_check = "question"`) both signals are
+    /// With a pre-question (`generation.refusal = "question"`) both signals are
     /// read on every answer: the curve of each, and of refusing when either reaches the
     /// threshold. Empty otherwise.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -329,6 +345,10 @@ pub struct AnswerReport {
     pub refusal_by_question: Vec<ThresholdRow>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub refusal_by_either: Vec<ThresholdRow>,
+    /// With the refusal probe (`generation.refusal = "probe"`): its curve (it decides), and
+    /// the first token's is read on the same answers (`refusal_by_first_token`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub refusal_by_probe: Vec<ThresholdRow>,
     /// Time to the first shown text and to the whole answer, over the questions the
     /// model answered (not refused) at the configured threshold, in ms.
     pub first_text_ms: Percentiles,
@@ -425,6 +445,7 @@ impl AnswerRecord {
             Signal::Deciding => self.refusal_probability,
             Signal::FirstToken => signals.first_token,
             Signal::Question => signals.question,
+            Signal::Probe => signals.probe,
             Signal::Either => match (signals.first_token, signals.question) {
                 (Some(a), Some(b)) => Some(a.max(b)),
                 (a, b) => a.or(b),
@@ -436,12 +457,14 @@ impl AnswerRecord {
 /// Which of the model's refusal signals a curve is drawn for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Signal {
-    /// The one the service decided with (`generation.refusal_check`).
+    /// The one the service decided with (`generation.refusal`).
     Deciding,
     /// The refusal phrase's probability at the answer's first token.
     FirstToken,
     /// The pre-question's probability of "no".
     Question,
+    /// The refusal probe's, from the hidden state at the prompt's last token.
+    Probe,
     /// Refused when either reaches the threshold.
     Either,
 }
@@ -1015,7 +1038,15 @@ pub async fn answers(
         attribution,
         refusal_threshold: threshold,
         refusal_by_model: refusal_curve(&records),
-        refusal_by_first_token: both_signals(&records, Signal::FirstToken),
+        refusal_by_first_token: if records
+            .iter()
+            .any(|r| r.refusal_signals.is_some_and(|s| s.probe.is_some()))
+        {
+            refusal_curve_by(&records, Signal::FirstToken)
+        } else {
+            both_signals(&records, Signal::FirstToken)
+        },
+        refusal_by_probe: refusal_curve_by(&records, Signal::Probe),
         refusal_by_question: both_signals(&records, Signal::Question),
         refusal_by_either: both_signals(&records, Signal::Either),
         first_text_ms,
@@ -1107,23 +1138,22 @@ pub fn questions(path: &Path) -> anyhow::Result<Vec<String>> {
         .collect())
 }
 
-/// Ingests the corpus into a temporary index and evaluates `modes` on up to `limit` queries
-/// (those with relevant documents, in file order).
-pub fn run(
+/// `corpus` ingested through the normal pipeline into an index of the evaluation's own (a
+/// temporary folder, or collections of its own on a server), removed when the guard drops;
+/// the config points at it; also the ingest time in seconds.
+pub(crate) fn index_corpus(
     config: &Config,
-    data: &Dataset,
-    modes: &[SearchMode],
-    limit: Option<usize>,
-    dump: Option<&Path>,
-) -> anyhow::Result<Evaluated> {
-    let tmp = std::env::temp_dir().join(format!("docent-eval-{}", std::process::id()));
+    corpus: &[CorpusLine],
+    tag: &str,
+) -> anyhow::Result<(Config, crate::query::retrieve::Index, RemoveOnDrop, f64)> {
+    let tmp = std::env::temp_dir().join(format!("docent-{tag}-{}", std::process::id()));
     let mut config = config.clone();
     let cleanup = match config.store.kind {
         crate::config::StoreKind::Edge => RemoveOnDrop::Dir(tmp.clone()),
         // on a server: collections of the evaluation's own, dropped afterwards
         crate::config::StoreKind::Qdrant => {
             config.store.collection =
-                format!("{}_eval_{}", config.store.collection, std::process::id());
+                format!("{}_{tag}_{}", config.store.collection, std::process::id());
             match config.store.location(&tmp) {
                 docent_ingest::store::Location::Qdrant(options) => RemoveOnDrop::Server(options),
                 docent_ingest::store::Location::Edge { .. } => RemoveOnDrop::Dir(tmp.clone()),
@@ -1133,9 +1163,7 @@ pub fn run(
     config.data_dir = tmp;
     let index = startup::open_index_blocking(&config)?;
     let ingestor = startup::ingestor(&config, &index)?;
-
-    let inputs: Vec<Input> = data
-        .corpus
+    let inputs: Vec<Input> = corpus
         .iter()
         .map(|c| {
             let format = if docent_ingest::split::has_headings(&c.text) {
@@ -1154,7 +1182,19 @@ pub fn run(
     for r in ingestor.ingest(inputs, &Silent) {
         r.context("ingesting the corpus")?;
     }
-    let ingest_seconds = started.elapsed().as_secs_f64();
+    Ok((config, index, cleanup, started.elapsed().as_secs_f64()))
+}
+
+/// Ingests the corpus into a temporary index and evaluates `modes` on up to `limit` queries
+/// (those with relevant documents, in file order).
+pub fn run(
+    config: &Config,
+    data: &Dataset,
+    modes: &[SearchMode],
+    limit: Option<usize>,
+    dump: Option<&Path>,
+) -> anyhow::Result<Evaluated> {
+    let (config, index, cleanup, ingest_seconds) = index_corpus(config, &data.corpus, "eval")?;
     let chunks = block_on(index.store.len())?;
 
     // questions with relevant documents, and those marked unanswerable
@@ -1499,7 +1539,18 @@ impl std::fmt::Display for EvalReport {
                 "generation: {} tokens in {:.1} s = {:.2} tokens/s (prefill included); prompt-lookup drafts: {} steps, {} of {} draft tokens accepted",
                 g.tokens, g.seconds, g.tokens_per_second, g.draft_steps, g.draft_accepted, g.draft_proposed
             )?;
-            if a.refusal_by_question.is_empty() {
+            if !a.refusal_by_probe.is_empty() {
+                write_curve(
+                    f,
+                    &format!("refusal by the probe (hidden state at the prompt's last token; configured threshold {}, deciding)", a.refusal_threshold),
+                    &a.refusal_by_probe,
+                )?;
+                write_curve(
+                    f,
+                    "refusal by the first token (probability of starting with the refusal phrase, read on the same answers)",
+                    &a.refusal_by_first_token,
+                )?;
+            } else if a.refusal_by_question.is_empty() {
                 write_curve(
                     f,
                     &format!("refusal by the model's judgement (probability of starting with the refusal phrase; configured threshold {})", a.refusal_threshold),
@@ -1732,6 +1783,7 @@ mod tests {
             refusal_signals: Some(crate::query::generate::RefusalSignals {
                 first_token,
                 question,
+                probe: None,
             }),
             contains_gold: answerable,
             mode: crate::query::AnswerMode::Generative,

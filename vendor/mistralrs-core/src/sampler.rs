@@ -259,6 +259,18 @@ impl DrySamplingParamsInner {
 pub trait CustomLogitsProcessor: Send + Sync {
     /// Logits and sequence context (prompt and generated tokens), returning modified tokens.
     fn apply(&self, logits: &Tensor, context: &[u32]) -> Result<Tensor>;
+
+    /// docent: whether this processor reads the hidden states of the prompt's last token
+    /// ([`Self::observe_hidden_states`]); the model keeps them only when asked.
+    fn wants_hidden_states(&self) -> bool {
+        false
+    }
+
+    /// docent: the residual stream after each decoder layer (index 0 = after the first
+    /// layer) at the last position of the prompt (chunk) just read, in the same forward pass
+    /// that gives the answer's first logits; called after each prompt chunk, so the last
+    /// call, before the first token is sampled, holds the prompt's last token.
+    fn observe_hidden_states(&self, _states: &[Vec<f32>]) {}
 }
 
 impl<T: Fn(&Tensor, &[u32]) -> Result<Tensor> + Send + Sync> CustomLogitsProcessor for T {
@@ -360,6 +372,18 @@ fn argmax_f32(values: &[f32]) -> u32 {
 }
 
 impl Sampler {
+    /// docent: whether a logits processor of this sequence reads the prompt's hidden states.
+    pub fn wants_hidden_states(&self) -> bool {
+        self.logits_processors.iter().any(|p| p.wants_hidden_states())
+    }
+
+    /// docent: hands the prompt's last hidden states to the processors that read them.
+    pub fn observe_hidden_states(&self, states: &[Vec<f32>]) {
+        for p in self.logits_processors.iter().filter(|p| p.wants_hidden_states()) {
+            p.observe_hidden_states(states);
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         temperature: Option<f64>,

@@ -250,6 +250,11 @@ pub struct ModelWeights {
     /// docent: per layer, the caches of the sequences of a decode batch under continuous
     /// batching (shared storage with the sequences' own caches; empty otherwise).
     ragged: std::sync::Mutex<Vec<Vec<KvCache>>>,
+    /// docent: keep each layer's output at every row's first kept position (a prompt's last
+    /// token) during the next forward passes (`set_hidden_capture`).
+    hidden_capture: std::sync::atomic::AtomicBool,
+    /// docent: what the last forward pass kept: per layer, a (batch, hidden) tensor.
+    hidden: std::sync::Mutex<Vec<Tensor>>,
 }
 
 impl ModelConfig::FromGGML for ModelWeights {
@@ -353,6 +358,8 @@ impl ModelConfig::FromGGML for ModelWeights {
             mapper: None,
             dtype,
             ragged: Default::default(),
+            hidden_capture: Default::default(),
+            hidden: Default::default(),
         })
     }
 }
@@ -731,6 +738,8 @@ impl ModelConfig::FromGGUF for ModelWeights {
             mapper: Some(mapper),
             dtype,
             ragged: Default::default(),
+            hidden_capture: Default::default(),
+            hidden: Default::default(),
         })
     }
 }
@@ -779,6 +788,21 @@ impl ModelWeights {
         self.ragged.lock().expect("ragged caches").clear();
     }
 
+    /// docent: whether the next forward passes keep the hidden states (see `take_hidden`).
+    pub fn set_hidden_capture(&self, on: bool) {
+        self.hidden_capture
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+        if !on {
+            self.hidden.lock().expect("hidden states").clear();
+        }
+    }
+
+    /// docent: the hidden states the last forward pass kept (per layer, (batch, hidden) in
+    /// F32 on the CPU), emptied; empty when capture was off.
+    pub fn take_hidden(&self) -> Vec<Tensor> {
+        std::mem::take(&mut *self.hidden.lock().expect("hidden states"))
+    }
+
     pub fn forward(
         &self,
         x: &Tensor,
@@ -812,6 +836,11 @@ impl ModelWeights {
         // docent: a decode batch on per-sequence caches (continuous batching).
         let mut ragged = self.ragged.lock().expect("ragged caches");
         let (b_sz, q_len) = x.dims2()?;
+        // docent: the rows' first kept positions (a prompt's last token), when asked
+        let capture = self
+            .hidden_capture
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let mut hidden = Vec::with_capacity(if capture { self.layers.len() } else { 0 });
         let use_ragged = metadata.is_none()
             && q_len == 1
             && ragged.len() == self.layers.len()
@@ -844,7 +873,23 @@ impl ModelWeights {
             let x = layer.ffn_norm.forward(&x)?;
             let x = layer.mlp_or_moe.forward(&x)?;
             let x = (x + residual)?;
+            if capture {
+                let rows = x
+                    .chunk(b_sz, 0)?
+                    .iter()
+                    .zip(&context_lens)
+                    .map(|(row, &(start, _))| row.narrow(1, start, 1)?.squeeze(1))
+                    .collect::<Result<Vec<_>>>()?;
+                hidden.push(
+                    Tensor::cat(&rows, 0)?
+                        .to_dtype(DType::F32)?
+                        .to_device(&Device::Cpu)?,
+                );
+            }
             layer_in = x;
+        }
+        if capture {
+            *self.hidden.lock().expect("hidden states") = hidden;
         }
         let layer_in = layer_in.to_device(&self.device)?;
         let x = self.norm.forward(&layer_in)?;

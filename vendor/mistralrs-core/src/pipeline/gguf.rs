@@ -765,6 +765,21 @@ impl MetadataMixin for GGUFPipeline {
 
 #[async_trait::async_trait]
 impl Pipeline for GGUFPipeline {
+    // docent (vendor/PATCHES.md 20): the quantized Llama decoder (llama, mistral3, qwen2)
+    // keeps the prompt's last hidden states when asked.
+    fn set_hidden_capture(&mut self, on: bool) {
+        if let Model::Llama(ref model) = self.model {
+            model.set_hidden_capture(on);
+        }
+    }
+
+    fn take_hidden_states(&mut self) -> Vec<Tensor> {
+        match self.model {
+            Model::Llama(ref model) => model.take_hidden(),
+            _ => Vec::new(),
+        }
+    }
+
     fn forward_inputs(
         &mut self,
         inputs: Box<dyn Any>,

@@ -5,6 +5,7 @@ mod diffusion;
 mod embedding;
 mod ggml;
 mod gguf;
+mod hidden;
 pub(crate) mod hf;
 mod inputs_processor;
 mod isq;
@@ -457,6 +458,16 @@ pub trait Pipeline:
         return_raw_logits: bool,
     ) -> Result<ForwardInputsResult, candle_core::Error>;
 
+    /// docent: whether the model's next forward passes keep each layer's hidden state at the
+    /// prompt's last position (`take_hidden_states`). Models that cannot ignore it.
+    fn set_hidden_capture(&mut self, _on: bool) {}
+
+    /// docent: what the last forward pass kept (per layer, a (batch, hidden) F32 tensor on
+    /// the CPU), emptied; empty when nothing was kept.
+    fn take_hidden_states(&mut self) -> Vec<Tensor> {
+        Vec::new()
+    }
+
     /// Returns the total of model execution time.
     #[allow(clippy::too_many_arguments)]
     async fn step(
@@ -532,10 +543,24 @@ pub trait Pipeline:
                         }
                     }
 
+                    // docent: a prompt whose logits processors read the hidden states
+                    // keeps them in this same pass (vendor/PATCHES.md 20)
+                    let capture = is_prompt
+                        && draft.is_none()
+                        && input_seqs.iter_mut().any(|s| s.sampler().wants_hidden_states());
+                    if capture {
+                        self.set_hidden_capture(true);
+                    }
                     let start = Instant::now();
-                    let raw_logits = self.forward_inputs(inputs, return_raw_logits)?;
+                    let raw_logits = self.forward_inputs(inputs, return_raw_logits);
                     let end = Instant::now();
                     exec_duration += end.duration_since(start);
+                    if capture {
+                        let states = self.take_hidden_states();
+                        self.set_hidden_capture(false);
+                        hidden::deliver(input_seqs, &seq_indices, &states)?;
+                    }
+                    let raw_logits = raw_logits?;
 
                     for (logit_idx, seq_idx) in seq_indices.into_iter().enumerate() {
                         if let ForwardInputsResult::RawLogits { logits } = &raw_logits {
@@ -792,10 +817,23 @@ pub trait Pipeline:
                         seq_indices,
                     } = inputs.map_err(candle_core::Error::msg)?;
 
+                    // docent: a prompt whose logits processors read the hidden states
+                    // keeps them in this same pass (vendor/PATCHES.md 20)
+                    let capture = is_prompt
+                        && input_seqs.iter_mut().any(|s| s.sampler().wants_hidden_states());
+                    if capture {
+                        self.set_hidden_capture(true);
+                    }
                     let start = Instant::now();
-                    let raw_logits = self.forward_inputs(inputs, return_raw_logits)?;
+                    let raw_logits = self.forward_inputs(inputs, return_raw_logits);
                     let end = Instant::now();
                     exec_duration += end.duration_since(start);
+                    if capture {
+                        let states = self.take_hidden_states();
+                        self.set_hidden_capture(false);
+                        hidden::deliver(input_seqs, &seq_indices, &states)?;
+                    }
+                    let raw_logits = raw_logits?;
 
                     for (logit_idx, seq_idx) in seq_indices.into_iter().enumerate() {
                         if let ForwardInputsResult::RawLogits { logits } = &raw_logits {

@@ -1,0 +1,750 @@
+//! `docent train-refusal`: trains the refusal probe ([`crate::query::generate::probe`]) for
+//! one generation model, in three steps, each kept in a file so the later ones can be
+//! repeated alone:
+//!
+//! 1. **Examples** (`training/refusal/examples.jsonl`, made when missing or with
+//!    `--rebuild`): our own questions (`training/refusal/questions.jsonl` over the Rust Book
+//!    and the RFCs, and encyclo-factoid's dev half) with the passages the query path
+//!    retrieves for them, labelled by whether those passages hold the gold answer; and each
+//!    answerable question again with every sentence that holds its answer taken out of the
+//!    passages (the passages still speak of the subject, but do not answer). Never public
+//!    benchmark sets. One question in five (by a hash of its id) is dev, with its variants.
+//! 2. **States** (`--states FILE`, made when missing or with `--extract`): every layer's
+//!    hidden state at each example's last prompt token, read by the prefill as the service
+//!    reads it (the same templates; a fence of its own per example, fixed by its id).
+//! 3. **Fit**: the direction at `--layer` on the train split, the threshold on dev: the
+//!    lowest whose false refusals on dev stay within `--max-false-refusals`. The probe file
+//!    is a function of the states at that layer and the examples' labels, so the shipped one
+//!    is reproduced byte for byte from `training/refusal/<model>.states` (that layer only,
+//!    committed) by the plain command.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Read, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use crate::config::Config;
+use crate::query::generate::probe::{self, Labelled, Probe, ProbeFile};
+use crate::query::prompt::ContextBlock;
+use crate::server::startup;
+use crate::tools::eval::{contains_answer, Dataset};
+
+/// The layer the shipped probes read (0: after the first decoder layer), chosen on dev
+/// by the sweep `--states` with every layer prints (docs/evaluation.md).
+pub const DEFAULT_LAYER: usize = 15;
+
+/// One question of `training/refusal/questions.jsonl`.
+#[derive(Debug, Clone, Deserialize)]
+struct Question {
+    id: String,
+    corpus: String,
+    text: String,
+    answerable: bool,
+    #[serde(default)]
+    answer: Option<String>,
+}
+
+/// One passage of an example's prompt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Passage {
+    pub title: String,
+    pub source: String,
+    pub text: String,
+}
+
+/// One prompt to read, and whether its passages fail to answer its question.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Example {
+    pub id: String,
+    /// Where the question comes from (`rust-book`, `rfcs`, `encyclo-factoid`).
+    pub origin: String,
+    /// `retrieved` (as the query path retrieves) or `answer_removed`.
+    pub variant: String,
+    pub split: String,
+    pub question: String,
+    pub passages: Vec<Passage>,
+    /// The passages do not hold the answer: the probe should refuse.
+    pub refuse: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub questions: PathBuf,
+    /// Corpus name (as the questions name it) → its `corpus.jsonl`.
+    pub corpora: Vec<(String, PathBuf)>,
+    /// encyclo-factoid's folder (its dev half is used), if any.
+    pub encyclo: Option<PathBuf>,
+    pub examples: PathBuf,
+    pub states: PathBuf,
+    pub out: PathBuf,
+    pub layer: usize,
+    pub whiten: bool,
+    pub max_false_refusals: f64,
+    pub rebuild: bool,
+    pub extract: bool,
+    /// Also time what reading the states adds to a prefill over this many examples.
+    pub time: usize,
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub examples: usize,
+    pub train: usize,
+    pub dev: usize,
+    /// Per layer read: dev AUROC of the plain and the scaled direction.
+    pub layers: Vec<(usize, f64, f64)>,
+    pub layer: usize,
+    pub dev_auroc: f64,
+    pub threshold: f32,
+    /// On dev at the threshold: share of refuse examples refused, of answer examples refused.
+    pub dev_refused: f64,
+    pub dev_false_refusals: f64,
+    /// Dev curve: (threshold, refused, false refusals).
+    pub curve: Vec<(f32, f64, f64)>,
+    pub out: PathBuf,
+    /// `--time`: median ms of a first step without and with the states read.
+    pub overhead_ms: Option<(f64, f64)>,
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "refusal probe: {} examples ({} train, {} dev)",
+            self.examples, self.train, self.dev
+        )?;
+        if self.layers.len() > 1 {
+            writeln!(f, "{:>6} {:>12} {:>12}", "layer", "dev AUROC", "scaled")?;
+            for (l, a, b) in &self.layers {
+                writeln!(f, "{l:>6} {a:>12.4} {b:>12.4}")?;
+            }
+        }
+        writeln!(
+            f,
+            "layer {}: dev AUROC {:.4}; threshold {:.4}: dev refused {:.1} %, false refusals {:.1} %",
+            self.layer,
+            self.dev_auroc,
+            self.threshold,
+            self.dev_refused * 100.0,
+            self.dev_false_refusals * 100.0
+        )?;
+        writeln!(f, "{:>10} {:>9} {:>9}", "threshold", "refused", "false")?;
+        for (t, r, fr) in &self.curve {
+            writeln!(f, "{t:>10.2} {:>8.1}% {:>8.1}%", r * 100.0, fr * 100.0)?;
+        }
+        if let Some((plain, read)) = self.overhead_ms {
+            writeln!(
+                f,
+                "prefill and first step: {plain:.1} ms, with the states read {read:.1} ms (+{:.1} ms)",
+                read - plain
+            )?;
+        }
+        write!(f, "wrote {}", self.out.display())
+    }
+}
+
+/// FNV-1a, for splits and fences that do not depend on anything but the id.
+fn fnv(text: &str) -> u64 {
+    text.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
+fn split_of(question_id: &str) -> &'static str {
+    if fnv(question_id) % 5 == 0 {
+        "dev"
+    } else {
+        "train"
+    }
+}
+
+/// `text` without its sentences (and lines) that contain one of `answers`.
+pub fn without_answer(text: &str, answers: &[String]) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let mut start = 0;
+        let bytes = line.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            let end_of_sentence = matches!(bytes[i], b'.' | b'?' | b'!')
+                && bytes.get(i + 1).is_none_or(|c| c.is_ascii_whitespace());
+            if end_of_sentence || i + 1 == bytes.len() {
+                let piece = &line[start..=i];
+                if !contains_answer(piece, answers) {
+                    out.push_str(piece);
+                }
+                start = i + 1;
+            }
+            i += 1;
+        }
+    }
+    out
+}
+
+fn read_jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> anyhow::Result<Vec<T>> {
+    crate::tools::eval::jsonl(path)
+}
+
+/// Step 1: the examples, from the questions and the passages the query path retrieves.
+pub async fn build_examples(
+    config: &Config,
+    settings: &Settings,
+    generator: crate::query::generate::SharedGenerator,
+) -> anyhow::Result<Vec<Example>> {
+    // (origin, corpus, questions as (id, text, answerable, answers))
+    type Set = (
+        String,
+        Vec<crate::tools::eval::CorpusLine>,
+        Vec<(String, String, bool, Vec<String>)>,
+    );
+    let mut sets: Vec<Set> = Vec::new();
+    let questions: Vec<Question> = read_jsonl(&settings.questions)?;
+    for (name, path) in &settings.corpora {
+        let corpus = read_jsonl(path)?;
+        let qs = questions
+            .iter()
+            .filter(|q| &q.corpus == name)
+            .map(|q| {
+                let answers = q.answer.iter().cloned().collect::<Vec<_>>();
+                (q.id.clone(), q.text.clone(), q.answerable, answers)
+            })
+            .collect();
+        sets.push((name.clone(), corpus, qs));
+    }
+    if let Some(dir) = &settings.encyclo {
+        let data = Dataset::load(dir)?;
+        let split: BTreeMap<String, Vec<String>> =
+            serde_json::from_reader(std::fs::File::open(dir.join("split.json"))?)
+                .context("encyclo-factoid's split.json")?;
+        let dev: std::collections::HashSet<&String> =
+            split.get("dev").into_iter().flatten().collect();
+        let qs = data
+            .questions()
+            .into_iter()
+            .filter(|q| dev.contains(&q.0))
+            .collect();
+        let corpus = read_jsonl(&dir.join("corpus.jsonl"))?;
+        sets.push(("encyclo-factoid".into(), corpus, qs));
+    }
+    let mut examples = Vec::new();
+    for (origin, corpus, qs) in sets {
+        let c = config.clone();
+        let (c, index, _cleanup, _) = tokio::task::spawn_blocking(move || {
+            crate::tools::eval::index_corpus(&c, &corpus, "train-refusal")
+        })
+        .await??;
+        let engine = startup::query_engine_with(&c, index, generator.clone())?;
+        for (id, text, answerable, answers) in qs {
+            let search = engine
+                .search(crate::query::SearchRequest {
+                    question: text.clone(),
+                    retrieval: Default::default(),
+                })
+                .await?;
+            let passages: Vec<Passage> = search
+                .hits
+                .iter()
+                .map(|h| Passage {
+                    title: h.title.clone(),
+                    source: h.source.clone(),
+                    text: h.text.clone(),
+                })
+                .collect();
+            if passages.is_empty() {
+                continue;
+            }
+            let holds = answerable && passages.iter().any(|p| contains_answer(&p.text, &answers));
+            let split = split_of(&id).to_string();
+            examples.push(Example {
+                id: format!("{id}/retrieved"),
+                origin: origin.clone(),
+                variant: "retrieved".into(),
+                split: split.clone(),
+                question: text.clone(),
+                passages: passages.clone(),
+                refuse: !holds,
+            });
+            if holds {
+                let removed: Vec<Passage> = passages
+                    .iter()
+                    .map(|p| Passage {
+                        text: without_answer(&p.text, &answers),
+                        ..p.clone()
+                    })
+                    .collect();
+                let answered = removed.iter().any(|p| contains_answer(&p.text, &answers));
+                if !answered && removed.iter().any(|p| !p.text.trim().is_empty()) {
+                    examples.push(Example {
+                        id: format!("{id}/answer_removed"),
+                        origin: origin.clone(),
+                        variant: "answer_removed".into(),
+                        split,
+                        question: text,
+                        passages: removed,
+                        refuse: true,
+                    });
+                }
+            }
+        }
+    }
+    Ok(examples)
+}
+
+/// The prompt the service would give the model for `e` (its fence fixed by the id).
+fn prompt_of(
+    prompts: &crate::query::prompt::Prompts,
+    spotlight: bool,
+    e: &Example,
+) -> anyhow::Result<crate::query::prompt::Prompt> {
+    let blocks: Vec<ContextBlock<'_>> = e
+        .passages
+        .iter()
+        .enumerate()
+        .map(|(i, p)| ContextBlock {
+            n: i + 1,
+            title: &p.title,
+            source: &p.source,
+            text: &p.text,
+        })
+        .collect();
+    let fence = if spotlight {
+        format!("doc-{:08x}", fnv(&e.id) as u32)
+    } else {
+        String::new()
+    };
+    Ok(prompts.render_fenced(&e.question, &blocks, &fence)?)
+}
+
+/// States of every example: `layers` per example, each `hidden` values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct States {
+    /// The layers kept, in order.
+    pub layers: Vec<usize>,
+    pub hidden: usize,
+    /// Per example (in the examples' order), per kept layer, the state.
+    pub values: Vec<Vec<Vec<f32>>>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StatesHeader {
+    format: String,
+    model_sha256: String,
+    examples: usize,
+    layers: Vec<usize>,
+    hidden: usize,
+}
+
+const STATES_FORMAT: &str = "docent-refusal-states/1";
+
+impl States {
+    /// Writes a JSON header line, then every value as f32 little-endian.
+    pub fn write(&self, path: &Path, model_sha256: &str) -> anyhow::Result<()> {
+        let header = StatesHeader {
+            format: STATES_FORMAT.into(),
+            model_sha256: model_sha256.into(),
+            examples: self.values.len(),
+            layers: self.layers.clone(),
+            hidden: self.hidden,
+        };
+        let tmp = path.with_extension("tmp");
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        serde_json::to_writer(&mut f, &header)?;
+        f.write_all(b"\n")?;
+        for v in self.values.iter().flatten().flatten() {
+            f.write_all(&v.to_le_bytes())?;
+        }
+        f.into_inner()?.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        Ok(())
+    }
+
+    /// Reads what [`States::write`] wrote; also the model's sha256.
+    pub fn read(path: &Path) -> anyhow::Result<(States, String)> {
+        let mut f = std::io::BufReader::new(
+            std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?,
+        );
+        let mut line = String::new();
+        f.read_line(&mut line)?;
+        let h: StatesHeader = serde_json::from_str(&line)
+            .with_context(|| format!("{}: not a states file", path.display()))?;
+        anyhow::ensure!(
+            h.format == STATES_FORMAT,
+            "{}: format {}",
+            path.display(),
+            h.format
+        );
+        let mut bytes = Vec::new();
+        f.read_to_end(&mut bytes)?;
+        let n = h.examples * h.layers.len() * h.hidden;
+        anyhow::ensure!(
+            bytes.len() == n * 4,
+            "{}: {} bytes of values, expected {}",
+            path.display(),
+            bytes.len(),
+            n * 4
+        );
+        let flat: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let per_example = h.layers.len() * h.hidden;
+        let values = flat
+            .chunks(per_example.max(1))
+            .take(h.examples)
+            .map(|e| e.chunks(h.hidden.max(1)).map(<[f32]>::to_vec).collect())
+            .collect();
+        Ok((
+            States {
+                layers: h.layers,
+                hidden: h.hidden,
+                values,
+            },
+            h.model_sha256,
+        ))
+    }
+
+    /// Only `layer`.
+    pub fn only(&self, layer: usize) -> Option<States> {
+        let i = self.layers.iter().position(|&l| l == layer)?;
+        Some(States {
+            layers: vec![layer],
+            hidden: self.hidden,
+            values: self.values.iter().map(|e| vec![e[i].clone()]).collect(),
+        })
+    }
+}
+
+/// Step 2: every layer's state at each example's last prompt token.
+pub async fn extract(
+    config: &Config,
+    generator: &crate::query::generate::Generator,
+    examples: &[Example],
+) -> anyhow::Result<States> {
+    let prompts = startup::prompts(config)?;
+    let bar = indicatif::ProgressBar::new(examples.len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} prompts read, {eta} left")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut values = Vec::with_capacity(examples.len());
+    for e in examples {
+        let prompt = prompt_of(&prompts, config.safety.spotlight, e)?;
+        let states = generator.hidden_states(&prompt).await?.context(
+            "the model gave no hidden states (only GGUF models on the Llama/Qwen2 decoder do)",
+        )?;
+        values.push(states);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let layers = values.first().map_or(0, Vec::len);
+    let hidden = values.first().and_then(|v| v.first()).map_or(0, Vec::len);
+    Ok(States {
+        layers: (0..layers).collect(),
+        hidden,
+        values,
+    })
+}
+
+/// What reading the states adds to a prefill: over the first `n` examples, one greedy step
+/// as an answer's first (median ms) without and with the states read, the two runs
+/// interleaved; the generator should have no prefix cache (each prompt is read twice).
+pub async fn overhead(
+    config: &Config,
+    generator: &crate::query::generate::Generator,
+    examples: &[Example],
+    n: usize,
+) -> anyhow::Result<(f64, f64)> {
+    let prompts = startup::prompts(config)?;
+    let (mut plain, mut read) = (Vec::new(), Vec::new());
+    for e in examples.iter().take(n) {
+        let prompt = prompt_of(&prompts, config.safety.spotlight, e)?;
+        let t = std::time::Instant::now();
+        generator
+            .chat(&prompt, &crate::query::generate::Params::greedy(1))
+            .await?;
+        plain.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = std::time::Instant::now();
+        let states = generator.hidden_states(&prompt).await?;
+        read.push(t.elapsed().as_secs_f64() * 1e3);
+        anyhow::ensure!(states.is_some(), "no states");
+    }
+    plain.sort_by(f64::total_cmp);
+    read.sort_by(f64::total_cmp);
+    let median = |v: &[f64]| crate::tools::eval::percentile(v, 50.0);
+    Ok((median(&plain), median(&read)))
+}
+
+/// Step 3: the probe at `layer`, fitted on train, its threshold chosen on dev.
+pub fn fit_probe(
+    examples: &[Example],
+    states: &States,
+    model: &str,
+    model_sha256: &str,
+    settings: &Settings,
+) -> anyhow::Result<(ProbeFile, Report)> {
+    anyhow::ensure!(
+        states.values.len() == examples.len(),
+        "{} states for {} examples: extract them again (--extract)",
+        states.values.len(),
+        examples.len()
+    );
+    let at = |layer: usize, split: &str| -> Vec<(usize, Labelled<'_>)> {
+        let i = states.layers.iter().position(|&l| l == layer);
+        examples
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.split == split)
+            .filter_map(|(n, e)| {
+                Some((
+                    n,
+                    Labelled {
+                        state: &states.values[n][i?],
+                        refuse: e.refuse,
+                    },
+                ))
+            })
+            .collect()
+    };
+    let dev_scores = |p: &Probe, layer: usize| -> Vec<(f64, bool)> {
+        at(layer, "dev")
+            .iter()
+            .filter_map(|(_, l)| {
+                let mut s = vec![Vec::new(); layer + 1];
+                s[layer] = l.state.to_vec();
+                Some((p.score(&s)? as f64, l.refuse))
+            })
+            .collect()
+    };
+    let make = |layer: usize, whiten: bool| -> Option<Probe> {
+        let train: Vec<Labelled<'_>> = at(layer, "train").into_iter().map(|(_, l)| l).collect();
+        let (weights, scale, bias) = probe::fit(&train, whiten)?;
+        Some(Probe {
+            file: ProbeFile {
+                format: probe::FORMAT.into(),
+                model: model.into(),
+                model_sha256: model_sha256.into(),
+                layer,
+                weights,
+                scale,
+                bias,
+                threshold: 0.5,
+                training: serde_json::Value::Null,
+            },
+        })
+    };
+    // the sweep, when the states hold more than one layer
+    let mut layers = Vec::new();
+    if states.layers.len() > 1 {
+        for &l in &states.layers {
+            let a = make(l, false).map_or(0.5, |p| probe::auroc(&dev_scores(&p, l)));
+            let b = make(l, true).map_or(0.5, |p| probe::auroc(&dev_scores(&p, l)));
+            layers.push((l, a, b));
+        }
+    }
+    let mut p = make(settings.layer, settings.whiten).with_context(|| {
+        format!(
+            "no probe at layer {}: the states lack it, or the train split lacks one of the classes",
+            settings.layer
+        )
+    })?;
+    let dev = dev_scores(&p, settings.layer);
+    let dev_auroc = probe::auroc(&dev);
+    // the lowest threshold whose false refusals on dev stay within the bound
+    let mut answer_scores: Vec<f64> = dev.iter().filter(|d| !d.1).map(|d| d.0).collect();
+    answer_scores.sort_by(|a, b| b.total_cmp(a));
+    let allowed = (settings.max_false_refusals * answer_scores.len() as f64).floor() as usize;
+    let above = answer_scores.get(allowed).copied().unwrap_or(0.0);
+    let threshold = (((above + 1e-9) * 1e4).ceil() / 1e4).min(1.0) as f32;
+    let rate = |t: f32, refuse: bool| {
+        let n = dev.iter().filter(|d| d.1 == refuse).count().max(1);
+        dev.iter()
+            .filter(|d| d.1 == refuse && d.0 >= t as f64)
+            .count() as f64
+            / n as f64
+    };
+    let curve = crate::tools::eval::REFUSAL_THRESHOLDS
+        .iter()
+        .map(|&t| (t, rate(t, true), rate(t, false)))
+        .collect();
+    let count = |split: &str| examples.iter().filter(|e| e.split == split).count();
+    let refuse = |split: &str| {
+        examples
+            .iter()
+            .filter(|e| e.split == split && e.refuse)
+            .count()
+    };
+    p.file.threshold = threshold;
+    p.file.training = serde_json::json!({
+        "data": "training/refusal: examples.jsonl (our own questions; never public benchmark sets)",
+        "command": "docent train-refusal",
+        "layer": settings.layer,
+        "scaled": settings.whiten,
+        "train": { "examples": count("train"), "refuse": refuse("train") },
+        "dev": {
+            "examples": count("dev"),
+            "refuse": refuse("dev"),
+            "auroc": (dev_auroc * 1e4).round() / 1e4,
+            "refused_at_threshold": (rate(threshold, true) * 1e4).round() / 1e4,
+            "false_refusals_at_threshold": (rate(threshold, false) * 1e4).round() / 1e4,
+        },
+        "max_false_refusals": settings.max_false_refusals,
+    });
+    let report = Report {
+        examples: examples.len(),
+        train: count("train"),
+        dev: count("dev"),
+        layers,
+        layer: settings.layer,
+        dev_auroc,
+        threshold,
+        dev_refused: rate(threshold, true),
+        dev_false_refusals: rate(threshold, false),
+        curve,
+        out: settings.out.clone(),
+        overhead_ms: None,
+    };
+    Ok((p.file, report))
+}
+
+/// The probe file's text as written (pretty JSON and a newline).
+pub fn probe_text(file: &ProbeFile) -> anyhow::Result<String> {
+    Ok(serde_json::to_string_pretty(file)? + "\n")
+}
+
+/// Where every layer's states are kept between runs (outside the work tree: tens of MB).
+fn states_cache() -> PathBuf {
+    std::env::var_os("DOCENT_MODEL_CACHE")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/docent-models")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("refusal-states")
+}
+
+/// All three steps, each from its file when it is there and not asked to be redone.
+pub async fn run(config: &Config, settings: &Settings) -> anyhow::Result<Report> {
+    let model_file = crate::query::generate::catalog::resolve(&config.generation.model);
+    let model_name = config.generation.model.display().to_string();
+    let mut generator: Option<crate::query::generate::SharedGenerator> = None;
+    let loaded = || async move {
+        anyhow::Ok(std::sync::Arc::new(
+            crate::query::generate::Generator::load(&config.generation).await?,
+        ))
+    };
+    let examples: Vec<Example> = if settings.rebuild || !settings.examples.is_file() {
+        let g = loaded().await?;
+        generator = Some(g.clone());
+        let examples = build_examples(config, settings, g).await?;
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&settings.examples)?);
+        for e in &examples {
+            serde_json::to_writer(&mut f, e)?;
+            f.write_all(b"\n")?;
+        }
+        f.flush()?;
+        tracing::info!(examples = examples.len(), path = %settings.examples.display(), "examples written");
+        examples
+    } else {
+        read_jsonl(&settings.examples)?
+    };
+    // the committed states hold the probe's layer; every layer's are kept in the cache
+    let (states, sha) = if settings.extract || !settings.states.is_file() {
+        let text = std::fs::read(&settings.examples)?;
+        let stem = model_name
+            .rsplit('/')
+            .next()
+            .unwrap_or(&model_name)
+            .to_string();
+        let full = states_cache().join(format!(
+            "{stem}-{:016x}.states",
+            text.iter()
+                .fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64)
+                    .wrapping_mul(0x100000001b3))
+        ));
+        let (states, sha) = if full.is_file() && !settings.extract {
+            States::read(&full)?
+        } else {
+            let sha = probe::file_sha256(&model_file)
+                .with_context(|| format!("hashing {}", model_file.display()))?;
+            let generator = match generator {
+                Some(g) => g,
+                None => loaded().await?,
+            };
+            let states = extract(config, &generator, &examples).await?;
+            std::fs::create_dir_all(states_cache())?;
+            states.write(&full, &sha)?;
+            (states, sha)
+        };
+        states
+            .only(settings.layer)
+            .with_context(|| format!("the states lack layer {}", settings.layer))?
+            .write(&settings.states, &sha)?;
+        (states, sha)
+    } else {
+        States::read(&settings.states)?
+    };
+    let (file, report) = fit_probe(&examples, &states, &model_name, &sha, settings)?;
+    if let Some(dir) = settings.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&settings.out, probe_text(&file)?)?;
+    let mut report = report;
+    if settings.time > 0 {
+        let mut c = config.clone();
+        c.generation.prefix_cache = false;
+        let generator = crate::query::generate::Generator::load(&c.generation).await?;
+        report.overhead_ms = Some(overhead(&c, &generator, &examples, settings.time).await?);
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_answer_sentence_is_taken_out_and_the_rest_kept() {
+        let text = "Cargo builds code. Run cargo new to start a project! It makes a folder.\nAnother line with cargo new in it\nLast line.";
+        let out = without_answer(text, &["cargo new".into()]);
+        assert_eq!(out, "Cargo builds code. It makes a folder.\nLast line.");
+        assert!(!contains_answer(&out, &["cargo new".into()]));
+        assert_eq!(
+            without_answer("No match here.", &["x y".into()]),
+            "No match here."
+        );
+    }
+
+    #[test]
+    fn splits_follow_the_question_not_the_variant() {
+        let dev = (0..1000)
+            .filter(|i| split_of(&format!("q{i}")) == "dev")
+            .count();
+        assert!((150..250).contains(&dev), "{dev}");
+        assert_eq!(split_of("t0042"), split_of("t0042"));
+    }
+
+    #[test]
+    fn states_files_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = States {
+            layers: vec![0, 1],
+            hidden: 3,
+            values: vec![
+                vec![vec![1.0, 2.0, 3.0], vec![4.0, 5.0, 6.5]],
+                vec![vec![-1.0, 0.0, 1e-8], vec![7.0, 8.0, 9.0]],
+            ],
+        };
+        let p = dir.path().join("s.states");
+        s.write(&p, "abc").unwrap();
+        let (back, sha) = States::read(&p).unwrap();
+        assert_eq!((back.clone(), sha.as_str()), (s.clone(), "abc"));
+        let one = back.only(1).unwrap();
+        assert_eq!(one.values[1], vec![vec![7.0, 8.0, 9.0]]);
+        // a truncated file is an error, not fewer examples
+        let bytes = std::fs::read(&p).unwrap();
+        std::fs::write(&p, &bytes[..bytes.len() - 4]).unwrap();
+        assert!(States::read(&p).is_err());
+    }
+}

@@ -1,0 +1,232 @@
+//! The refusal probe (issue 54) with the real default model: the hidden state at the
+//! prompt's last token decides whether the passages answer the question, before any answer
+//! token is shown.
+
+use serde_json::{json, Value};
+
+use crate::helpers::{client, default_model, post_json, repo, server_over, shared};
+
+/// The shipped probe of the default model.
+fn shipped_probe() -> docent::query::generate::probe::Probe {
+    let name = "qwen2.5-coder-0.5b.refusal.json";
+    let text = docent::query::generate::probe::shipped(name).expect("the default model's probe");
+    docent::query::generate::probe::Probe::parse(name, text).unwrap()
+}
+
+/// A server over the whole demo corpus (the Rust Book) with the service's default chunking,
+/// retrieval and generation settings, on the default model.
+fn demo_server() -> (tempfile::TempDir, String) {
+    server_over(&[shared().join("data/corpus/rust-book/src")], |c| {
+        let d = docent::config::Config::default();
+        c.chunking = d.chunking;
+        c.retrieval = d.retrieval;
+        c.generation.model = default_model();
+        c.generation.max_tokens = d.generation.max_tokens;
+        c.generation.cache_size = 0;
+    })
+}
+
+async fn ask(c: &reqwest::Client, url: &str, question: &str) -> Value {
+    let answer = post_json(c, url, &json!({ "question": question })).await;
+    eprintln!("{question} -> {answer}");
+    answer
+}
+
+/// The issue's own questions over the demo corpus with the default settings: what the book
+/// never speaks of is refused, what it answers is answered.
+#[tokio::test]
+async fn the_demo_corpus_refuses_what_it_never_speaks_of() {
+    let (_index, address) = demo_server();
+    let c = client();
+    let url = format!("{address}/v1/query");
+    for question in [
+        "How do I deploy a Rust web service to Kubernetes with Helm?",
+        "Which company acquired the Rust Foundation in 2024?",
+    ] {
+        let a = ask(&c, &url, question).await;
+        assert_eq!(a["refused"], true, "{a}");
+        assert_eq!(a["mode"], "refusal", "{a}");
+        assert!(a["citations"].as_array().unwrap().is_empty(), "{a}");
+        if a["refusal_reason"] == "model" {
+            // the probe decided: its score is the deciding one
+            let probe = a["refusal_signals"]["probe"]
+                .as_f64()
+                .expect("the probe's score");
+            assert_eq!(a["refusal_probability"].as_f64(), Some(probe), "{a}");
+        }
+    }
+    for (question, words) in [
+        ("How do I create a new Cargo project?", &["cargo new"][..]),
+        (
+            "What is a dangling reference?",
+            &["reference", "memory", "freed", "dangl"][..],
+        ),
+    ] {
+        let a = ask(&c, &url, question).await;
+        assert_eq!(a["refused"], false, "{a}");
+        let text = a["answer"].as_str().unwrap().to_lowercase();
+        assert!(words.iter().any(|w| text.contains(w)), "{a}");
+        assert!(!a["citations"].as_array().unwrap().is_empty(), "{a}");
+        assert!(
+            a["refusal_signals"]["probe"].as_f64().is_some(),
+            "the probe read the state: {a}"
+        );
+    }
+}
+
+/// With retrieval's refusal off, the model's path decides: a refusal by the probe streams
+/// no answer token (one delta, the refusal text), and the score is in the `done` event.
+#[tokio::test]
+async fn a_refusal_by_the_probe_streams_no_answer_token() {
+    let (_index, address) = server_over(
+        &[crate::helpers::rust_book(crate::helpers::OWNERSHIP)],
+        |c| {
+            c.generation.model = default_model();
+            c.generation.cache_size = 0;
+            c.retrieval.min_score = 0.0;
+        },
+    );
+    let c = client();
+    let url = format!("{address}/v1/query");
+    let body = json!({
+        "question": "Which company acquired the Rust Foundation in 2024?",
+        "stream": true
+    });
+    let mut res = c.post(&url).json(&body).send().await.unwrap();
+    let mut raw = String::new();
+    while let Some(chunk) = res.chunk().await.unwrap() {
+        raw.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert_eq!(raw.matches("event: delta").count(), 1, "{raw}");
+    let done = raw
+        .split("event: done\ndata: ")
+        .nth(1)
+        .expect("a done event");
+    let done: Value = serde_json::from_str(done.trim()).unwrap();
+    assert_eq!(done["refused"], true, "{done}");
+    assert_eq!(done["refusal_reason"], "model", "{done}");
+    let probe = done["refusal_signals"]["probe"]
+        .as_f64()
+        .expect("the probe");
+    assert!(probe >= shipped_probe().file.threshold as f64, "{done}");
+    assert!(
+        done["answer"].as_str().unwrap().starts_with("I don't know"),
+        "{done}"
+    );
+}
+
+/// The probe's score on one passage, with a question it answers and one it does not
+/// (the real model's states, read in the prefill).
+#[tokio::test]
+async fn the_probe_score_moves_the_right_way_on_a_fixed_pair() {
+    use docent::query::prompt::ContextBlock;
+    let mut config = crate::helpers::config(&std::env::temp_dir());
+    config.generation.model = default_model();
+    let generator = docent::query::generate::Generator::load(&config.generation)
+        .await
+        .expect("the default model");
+    let (probe, threshold) = generator.probe().expect("the default model has a probe");
+    let prompts = docent::server::startup::prompts(&config).unwrap();
+    let passage = "The second-floor printer is reserved for the finance team; everyone else \
+                   prints on the ground floor. The office opens at 8:00 and closes at 18:00.";
+    let blocks = [ContextBlock {
+        n: 1,
+        title: "Office guide",
+        source: "office-guide.md",
+        text: passage,
+    }];
+    let score = |question: &str| {
+        let prompt = prompts.render(question, &blocks).unwrap();
+        let g = &generator;
+        let probe = probe.clone();
+        async move {
+            let states = g.hidden_states(&prompt).await.unwrap().expect("states");
+            probe.score(&states).expect("a score")
+        }
+    };
+    let answered = score("Which team is the second-floor printer reserved for?").await;
+    let not_answered = score("What is the password of the guest wifi?").await;
+    eprintln!("answered {answered:.3}, not answered {not_answered:.3}, threshold {threshold}");
+    assert!(answered < not_answered, "{answered} vs {not_answered}");
+    assert!(answered < threshold && not_answered >= threshold);
+}
+
+/// `docent train-refusal` with the committed examples and states writes the shipped
+/// probe byte for byte (the examples' labels, the layer's states and the fit are all it
+/// reads; no model is loaded).
+#[test]
+fn training_reproduces_the_shipped_probe() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("probe.json");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_docent"));
+    cmd.current_dir(repo())
+        .env("DOCENT_GENERATION__MODEL", "qwen2.5-coder-0.5b")
+        .arg("train-refusal")
+        .arg("--out")
+        .arg(&out);
+    let output = crate::helpers::run_ok(&mut cmd);
+    eprintln!("{}", String::from_utf8_lossy(&output.stdout));
+    let shipped =
+        std::fs::read(repo().join("training/refusal/probes/qwen2.5-coder-0.5b.refusal.json"))
+            .unwrap();
+    assert!(
+        std::fs::read(&out).unwrap() == shipped,
+        "the probe differs from the shipped one"
+    );
+}
+
+/// A probe trained for another file of the model stops the start-up with what to do.
+#[tokio::test]
+async fn a_probe_for_another_model_file_is_refused_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut file = shipped_probe().file;
+    file.model_sha256 = "0".repeat(64);
+    let path = dir.path().join("other.json");
+    std::fs::write(&path, serde_json::to_string(&file).unwrap()).unwrap();
+    let mut c = crate::helpers::generation();
+    c.model = default_model();
+    c.refusal_probe = Some(path);
+    let e = match docent::query::generate::Generator::load(&c).await {
+        Ok(_) => panic!("a probe for another model file was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("sha256") && e.contains("train-refusal"), "{e}");
+    // with the first-token signal the same model starts
+    c.refusal_check = docent::query::generate::RefusalCheck::FirstToken;
+    assert!(docent::query::generate::Generator::load(&c).await.is_ok());
+}
+
+/// The committed states are what the model reads now: the first examples' states at the
+/// probe's layer, extracted again, score within a small tolerance of the committed ones (the
+/// kernels' summation order differs between AVX-512 and AVX2 machines).
+#[tokio::test]
+async fn the_committed_states_are_the_models_own() {
+    use docent::tools::train_refusal::{Example, States};
+    let root = repo().join("training/refusal");
+    let examples: Vec<Example> = std::fs::read_to_string(root.join("examples.jsonl"))
+        .unwrap()
+        .lines()
+        .take(4)
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let (committed, sha) = States::read(&root.join("qwen2.5-coder-0.5b.states")).unwrap();
+    let probe = shipped_probe();
+    assert_eq!(sha, probe.file.model_sha256);
+    let mut config = crate::helpers::config(&std::env::temp_dir());
+    config.generation.model = default_model();
+    let generator = docent::query::generate::Generator::load(&config.generation)
+        .await
+        .unwrap();
+    let again = docent::tools::train_refusal::extract(&config, &generator, &examples)
+        .await
+        .unwrap();
+    let layer = probe.file.layer;
+    for (n, e) in examples.iter().enumerate() {
+        let now = probe.score(&again.values[n]).unwrap();
+        let mut then = vec![Vec::new(); layer + 1];
+        then[layer] = committed.values[n][0].clone();
+        let then = probe.score(&then).unwrap();
+        eprintln!("{}: committed {then:.4}, now {now:.4}", e.id);
+        assert!((now - then).abs() < 0.02, "{}: {then} vs {now}", e.id);
+    }
+}
