@@ -245,9 +245,14 @@ pub enum Command {
         /// The layer read (0: after the first decoder layer).
         #[arg(long, default_value_t = crate::tools::train_refusal::DEFAULT_LAYER)]
         layer: usize,
-        /// The plain difference of means instead of the one scaled per dimension.
-        #[arg(long)]
-        plain: bool,
+        /// How the probe is fitted: logistic (an L2-regularised logistic regression on
+        /// standardised states), mean-difference (the difference of the class means), or
+        /// scaled-difference (that, divided per dimension by the pooled variance).
+        #[arg(long, default_value = "logistic")]
+        method: String,
+        /// The logistic regression's C (inverse L2 penalty).
+        #[arg(long, default_value_t = crate::tools::train_refusal::DEFAULT_C)]
+        c: f64,
         /// Highest share of dev examples whose passages hold the answer that may be refused.
         #[arg(long, default_value_t = 0.05)]
         max_false_refusals: f64,

@@ -298,7 +298,8 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             states,
             out,
             layer,
-            plain,
+            method,
+            c,
             max_false_refusals,
             rebuild,
             extract,
@@ -325,7 +326,18 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
                     format!("training/refusal/probes/{stem}.refusal.json").into()
                 }),
                 layer,
-                whiten: !plain,
+                method: match method.as_str() {
+                    "logistic" => docent::tools::train_refusal::Method::Logistic { c },
+                    "mean-difference" => {
+                        docent::tools::train_refusal::Method::MeanDifference { scaled: false }
+                    }
+                    "scaled-difference" => {
+                        docent::tools::train_refusal::Method::MeanDifference { scaled: true }
+                    }
+                    other => anyhow::bail!(
+                        "--method {other:?}: logistic, mean-difference or scaled-difference"
+                    ),
+                },
                 max_false_refusals,
                 rebuild,
                 extract,

@@ -1195,14 +1195,19 @@ impl Generator {
         }
     }
 
-    /// The hidden states at `prompt`'s last token, every layer's (0: after the first), read
-    /// in one greedy step's prefill as an answer's would be; `None` when the model does not
-    /// give them (not the quantized Llama decoder, or a draft model's step).
+    /// The hidden states at `prompt`'s last token, per layer (0: after the first; `layers`
+    /// only, the others empty; every layer when `layers` is empty), read in one greedy step's
+    /// prefill as an answer's would be; `None` when the model does not give them (not the
+    /// quantized Llama decoder, or a draft model's step).
     pub async fn hidden_states(
         &self,
         prompt: &Prompt,
+        layers: &[usize],
     ) -> Result<Option<Vec<Vec<f32>>>, GenerateError> {
-        let reader = Arc::new(probe::StateReader::default());
+        let reader = Arc::new(probe::StateReader {
+            layers: layers.to_vec(),
+            states: Default::default(),
+        });
         let response = self
             .request_once(
                 messages(prompt),
@@ -1604,8 +1609,8 @@ impl mistralrs::CustomLogitsProcessor for RefusalGate {
             .to_dtype(logits.dtype())
     }
 
-    fn wants_hidden_states(&self) -> bool {
-        self.probe.is_some()
+    fn hidden_state_layers(&self) -> Option<Vec<usize>> {
+        self.probe.as_ref().map(|g| vec![g.read.probe.file.layer])
     }
 
     fn observe_hidden_states(&self, states: &[Vec<f32>]) {
@@ -1829,26 +1834,21 @@ mod tests {
             masked: vec![],
             probe: Some(ProbeGate {
                 read: probe::ProbeRead {
-                    probe: Arc::new(probe::Probe {
-                        file: probe::ProbeFile {
-                            format: probe::FORMAT.into(),
-                            model: "m".into(),
-                            model_sha256: "0".repeat(64),
-                            layer: 1,
-                            weights: vec![1.0, 0.0],
-                            scale: 1.0,
-                            bias: 0.0,
-                            threshold: 0.5,
-                            training: serde_json::Value::Null,
-                        },
-                    }),
+                    probe: Arc::new(probe::Probe::new(
+                        "m",
+                        &"0".repeat(64),
+                        1,
+                        vec![1.0, 0.0],
+                        1.0,
+                        0.0,
+                    )),
                     score: Arc::default(),
                 },
                 threshold: 0.5,
             }),
         };
         let g = gate();
-        assert!(g.wants_hidden_states());
+        assert_eq!(g.hidden_state_layers(), Some(vec![1]));
         // layer 1's state projects to -3: score 0.047, below 0.5: the model answers
         g.observe_hidden_states(&[vec![9.0, 9.0], vec![-3.0, 1.0]]);
         let first = values(g.apply(&logits(vec![0.0, 3.0, 0.0, 0.0]), &[]).unwrap());

@@ -12,8 +12,10 @@
 //! 2. **States** (`--states FILE`, made when missing or with `--extract`): every layer's
 //!    hidden state at each example's last prompt token, read by the prefill as the service
 //!    reads it (the same templates; a fence of its own per example, fixed by its id).
-//! 3. **Fit**: the direction at `--layer` on the train split, the threshold on dev: the
-//!    lowest whose false refusals on dev stay within `--max-false-refusals`. The probe file
+//! 3. **Fit**: a linear probe at `--layer` on the train split (a logistic regression on
+//!    standardised states by default; the difference of the class means with `--method`),
+//!    the threshold on dev: the lowest whose false refusals on dev stay within
+//!    `--max-false-refusals`. The probe file
 //!    is a function of the states at that layer and the examples' labels, so the shipped one
 //!    is reproduced byte for byte from `training/refusal/<model>.states` (that layer only,
 //!    committed) by the plain command.
@@ -33,7 +35,7 @@ use crate::tools::eval::{contains_answer, Dataset};
 
 /// The layer the shipped probes read (0: after the first decoder layer), chosen on dev
 /// by the sweep `--states` with every layer prints (docs/evaluation.md).
-pub const DEFAULT_LAYER: usize = 15;
+pub const DEFAULT_LAYER: usize = 16;
 
 /// One question of `training/refusal/questions.jsonl`.
 #[derive(Debug, Clone, Deserialize)]
@@ -80,12 +82,36 @@ pub struct Settings {
     pub states: PathBuf,
     pub out: PathBuf,
     pub layer: usize,
-    pub whiten: bool,
+    pub method: Method,
     pub max_false_refusals: f64,
     pub rebuild: bool,
     pub extract: bool,
     /// Also time what reading the states adds to a prefill over this many examples.
     pub time: usize,
+}
+
+/// How the probe is fitted at its layer.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Method {
+    /// An L2-regularised logistic regression on standardised states
+    /// ([`probe::fit_logistic`]), with this `C` (inverse penalty).
+    Logistic { c: f64 },
+    /// The difference of the class means (Lavi et al.), optionally scaled per dimension
+    /// by the pooled variance ([`probe::fit`]).
+    MeanDifference { scaled: bool },
+}
+
+/// The regularisation the shipped probes use (`--c`), chosen on dev with the layer.
+pub const DEFAULT_C: f64 = 0.01;
+
+impl Method {
+    fn fit(self, train: &[Labelled<'_>]) -> Option<(Vec<f32>, f32, f32)> {
+        match self {
+            Method::Logistic { c } => probe::fit_logistic(train, c).map(|(w, b)| (w, 1.0, b)),
+            Method::MeanDifference { scaled } => probe::fit(train, scaled),
+        }
+    }
 }
 
 /// What a run measured.
@@ -94,8 +120,9 @@ pub struct Report {
     pub examples: usize,
     pub train: usize,
     pub dev: usize,
-    /// Per layer read: dev AUROC of the plain and the scaled direction.
-    pub layers: Vec<(usize, f64, f64)>,
+    /// Per layer read: dev AUROC of the logistic probe (at `--c`), the difference of
+    /// means and the scaled difference.
+    pub layers: Vec<(usize, f64, f64, f64)>,
     pub layer: usize,
     pub dev_auroc: f64,
     pub threshold: f32,
@@ -105,8 +132,9 @@ pub struct Report {
     /// Dev curve: (threshold, refused, false refusals).
     pub curve: Vec<(f32, f64, f64)>,
     pub out: PathBuf,
-    /// `--time`: median ms of a first step without and with the states read.
-    pub overhead_ms: Option<(f64, f64)>,
+    /// `--time`: median ms of a first step without and with the probe's layer read, and
+    /// the median of their paired differences.
+    pub overhead_ms: Option<(f64, f64, f64)>,
 }
 
 impl std::fmt::Display for Report {
@@ -117,9 +145,13 @@ impl std::fmt::Display for Report {
             self.examples, self.train, self.dev
         )?;
         if self.layers.len() > 1 {
-            writeln!(f, "{:>6} {:>12} {:>12}", "layer", "dev AUROC", "scaled")?;
-            for (l, a, b) in &self.layers {
-                writeln!(f, "{l:>6} {a:>12.4} {b:>12.4}")?;
+            writeln!(
+                f,
+                "dev AUROC per layer: {:>6} {:>10} {:>10} {:>10}",
+                "layer", "logistic", "mean diff", "scaled"
+            )?;
+            for (l, a, b, c) in &self.layers {
+                writeln!(f, "{:>26} {a:>10.4} {b:>10.4} {c:>10.4}", l)?;
             }
         }
         writeln!(
@@ -135,11 +167,10 @@ impl std::fmt::Display for Report {
         for (t, r, fr) in &self.curve {
             writeln!(f, "{t:>10.2} {:>8.1}% {:>8.1}%", r * 100.0, fr * 100.0)?;
         }
-        if let Some((plain, read)) = self.overhead_ms {
+        if let Some((plain, read, added)) = self.overhead_ms {
             writeln!(
                 f,
-                "prefill and first step: {plain:.1} ms, with the states read {read:.1} ms (+{:.1} ms)",
-                read - plain
+                "prefill and first step (median): {plain:.1} ms, with the probe's layer read {read:.1} ms; added per prompt (median of paired differences): {added:+.2} ms"
             )?;
         }
         write!(f, "wrote {}", self.out.display())
@@ -148,13 +179,17 @@ impl std::fmt::Display for Report {
 
 /// FNV-1a, for splits and fences that do not depend on anything but the id.
 fn fnv(text: &str) -> u64 {
-    text.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+    fnv_bytes(text.as_bytes())
+}
+
+fn fnv_bytes(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
         (h ^ b as u64).wrapping_mul(0x100000001b3)
     })
 }
 
 fn split_of(question_id: &str) -> &'static str {
-    if fnv(question_id) % 5 == 0 {
+    if fnv(question_id).is_multiple_of(5) {
         "dev"
     } else {
         "train"
@@ -432,7 +467,7 @@ pub async fn extract(
     let mut values = Vec::with_capacity(examples.len());
     for e in examples {
         let prompt = prompt_of(&prompts, config.safety.spotlight, e)?;
-        let states = generator.hidden_states(&prompt).await?.context(
+        let states = generator.hidden_states(&prompt, &[]).await?.context(
             "the model gave no hidden states (only GGUF models on the Llama/Qwen2 decoder do)",
         )?;
         values.push(states);
@@ -448,33 +483,44 @@ pub async fn extract(
     })
 }
 
-/// What reading the states adds to a prefill: over the first `n` examples, one greedy step
-/// as an answer's first (median ms) without and with the states read, the two runs
-/// interleaved; the generator should have no prefix cache (each prompt is read twice).
+/// What reading the probe's layer adds to a prefill: over the first `n` examples, one
+/// greedy step as an answer's first without and with that layer's state read (the order
+/// alternating from one example to the next); the median of each and of their paired
+/// differences, in ms. The generator should have no prefix cache (each prompt is read twice).
 pub async fn overhead(
     config: &Config,
     generator: &crate::query::generate::Generator,
     examples: &[Example],
     n: usize,
-) -> anyhow::Result<(f64, f64)> {
+    layer: usize,
+) -> anyhow::Result<(f64, f64, f64)> {
     let prompts = startup::prompts(config)?;
-    let (mut plain, mut read) = (Vec::new(), Vec::new());
-    for e in examples.iter().take(n) {
+    let (mut plain, mut read, mut added) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, e) in examples.iter().take(n).enumerate() {
         let prompt = prompt_of(&prompts, config.safety.spotlight, e)?;
-        let t = std::time::Instant::now();
-        generator
-            .chat(&prompt, &crate::query::generate::Params::greedy(1))
-            .await?;
-        plain.push(t.elapsed().as_secs_f64() * 1e3);
-        let t = std::time::Instant::now();
-        let states = generator.hidden_states(&prompt).await?;
-        read.push(t.elapsed().as_secs_f64() * 1e3);
-        anyhow::ensure!(states.is_some(), "no states");
+        let (mut p, mut r) = (0.0, 0.0);
+        for turn in 0..2 {
+            let t = std::time::Instant::now();
+            if (turn + i) % 2 == 0 {
+                generator
+                    .chat(&prompt, &crate::query::generate::Params::greedy(1))
+                    .await?;
+                p = t.elapsed().as_secs_f64() * 1e3;
+            } else {
+                let states = generator.hidden_states(&prompt, &[layer]).await?;
+                r = t.elapsed().as_secs_f64() * 1e3;
+                anyhow::ensure!(states.is_some(), "no states");
+            }
+        }
+        plain.push(p);
+        read.push(r);
+        added.push(r - p);
     }
-    plain.sort_by(f64::total_cmp);
-    read.sort_by(f64::total_cmp);
+    for v in [&mut plain, &mut read, &mut added] {
+        v.sort_by(f64::total_cmp);
+    }
     let median = |v: &[f64]| crate::tools::eval::percentile(v, 50.0);
-    Ok((median(&plain), median(&read)))
+    Ok((median(&plain), median(&read), median(&added)))
 }
 
 /// Step 3: the probe at `layer`, fitted on train, its threshold chosen on dev.
@@ -518,33 +564,29 @@ pub fn fit_probe(
             })
             .collect()
     };
-    let make = |layer: usize, whiten: bool| -> Option<Probe> {
+    let make = |layer: usize, method: Method| -> Option<Probe> {
         let train: Vec<Labelled<'_>> = at(layer, "train").into_iter().map(|(_, l)| l).collect();
-        let (weights, scale, bias) = probe::fit(&train, whiten)?;
-        Some(Probe {
-            file: ProbeFile {
-                format: probe::FORMAT.into(),
-                model: model.into(),
-                model_sha256: model_sha256.into(),
-                layer,
-                weights,
-                scale,
-                bias,
-                threshold: 0.5,
-                training: serde_json::Value::Null,
-            },
-        })
+        let (weights, scale, bias) = method.fit(&train)?;
+        Some(Probe::new(model, model_sha256, layer, weights, scale, bias))
     };
     // the sweep, when the states hold more than one layer
     let mut layers = Vec::new();
     if states.layers.len() > 1 {
         for &l in &states.layers {
-            let a = make(l, false).map_or(0.5, |p| probe::auroc(&dev_scores(&p, l)));
-            let b = make(l, true).map_or(0.5, |p| probe::auroc(&dev_scores(&p, l)));
-            layers.push((l, a, b));
+            let auc = |m| make(l, m).map_or(0.5, |p| probe::auroc(&dev_scores(&p, l)));
+            let c = match settings.method {
+                Method::Logistic { c } => c,
+                Method::MeanDifference { .. } => DEFAULT_C,
+            };
+            layers.push((
+                l,
+                auc(Method::Logistic { c }),
+                auc(Method::MeanDifference { scaled: false }),
+                auc(Method::MeanDifference { scaled: true }),
+            ));
         }
     }
-    let mut p = make(settings.layer, settings.whiten).with_context(|| {
+    let mut p = make(settings.layer, settings.method).with_context(|| {
         format!(
             "no probe at layer {}: the states lack it, or the train split lacks one of the classes",
             settings.layer
@@ -581,7 +623,7 @@ pub fn fit_probe(
         "data": "training/refusal: examples.jsonl (our own questions; never public benchmark sets)",
         "command": "docent train-refusal",
         "layer": settings.layer,
-        "scaled": settings.whiten,
+        "method": settings.method,
         "train": { "examples": count("train"), "refuse": refuse("train") },
         "dev": {
             "examples": count("dev"),
@@ -649,42 +691,37 @@ pub async fn run(config: &Config, settings: &Settings) -> anyhow::Result<Report>
     } else {
         read_jsonl(&settings.examples)?
     };
-    // the committed states hold the probe's layer; every layer's are kept in the cache
-    let (states, sha) = if settings.extract || !settings.states.is_file() {
-        let text = std::fs::read(&settings.examples)?;
-        let stem = model_name
-            .rsplit('/')
-            .next()
-            .unwrap_or(&model_name)
-            .to_string();
-        let full = states_cache().join(format!(
-            "{stem}-{:016x}.states",
-            text.iter()
-                .fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64)
-                    .wrapping_mul(0x100000001b3))
-        ));
-        let (states, sha) = if full.is_file() && !settings.extract {
-            States::read(&full)?
-        } else {
-            let sha = probe::file_sha256(&model_file)
-                .with_context(|| format!("hashing {}", model_file.display()))?;
-            let generator = match generator {
-                Some(g) => g,
-                None => loaded().await?,
-            };
-            let states = extract(config, &generator, &examples).await?;
-            std::fs::create_dir_all(states_cache())?;
-            states.write(&full, &sha)?;
-            (states, sha)
+    // the committed states hold the probe's layer; every layer's are kept in the cache,
+    // and read when there (the sweep is printed from them)
+    let text = std::fs::read(&settings.examples)?;
+    let stem = model_name
+        .rsplit('/')
+        .next()
+        .unwrap_or(&model_name)
+        .to_string();
+    let full = states_cache().join(format!("{stem}-{:016x}.states", fnv_bytes(&text)));
+    let (states, sha) = if settings.extract || (!full.is_file() && !settings.states.is_file()) {
+        let sha = probe::file_sha256(&model_file)
+            .with_context(|| format!("hashing {}", model_file.display()))?;
+        let generator = match generator {
+            Some(g) => g,
+            None => loaded().await?,
         };
+        let states = extract(config, &generator, &examples).await?;
+        std::fs::create_dir_all(states_cache())?;
+        states.write(&full, &sha)?;
+        (states, sha)
+    } else if full.is_file() {
+        States::read(&full)?
+    } else {
+        States::read(&settings.states)?
+    };
+    if states.layers.len() > 1 {
         states
             .only(settings.layer)
             .with_context(|| format!("the states lack layer {}", settings.layer))?
             .write(&settings.states, &sha)?;
-        (states, sha)
-    } else {
-        States::read(&settings.states)?
-    };
+    }
     let (file, report) = fit_probe(&examples, &states, &model_name, &sha, settings)?;
     if let Some(dir) = settings.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
@@ -695,7 +732,8 @@ pub async fn run(config: &Config, settings: &Settings) -> anyhow::Result<Report>
         let mut c = config.clone();
         c.generation.prefix_cache = false;
         let generator = crate::query::generate::Generator::load(&c.generation).await?;
-        report.overhead_ms = Some(overhead(&c, &generator, &examples, settings.time).await?);
+        report.overhead_ms =
+            Some(overhead(&c, &generator, &examples, settings.time, settings.layer).await?);
     }
     Ok(report)
 }

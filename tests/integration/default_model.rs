@@ -96,17 +96,7 @@ async fn ask_printer(c: &reqwest::Client, url: &str) -> Value {
 async fn ask_wifi_password(c: &reqwest::Client, url: &str, stream: bool) -> Value {
     let body = json!({"question": "What is the password of the guest wifi?", "stream": stream});
     let refused = if stream {
-        let mut res = c.post(url).json(&body).send().await.unwrap();
-        let mut raw = String::new();
-        while let Some(chunk) = res.chunk().await.unwrap() {
-            raw.push_str(&String::from_utf8_lossy(&chunk));
-        }
-        assert_eq!(raw.matches("event: delta").count(), 1, "{raw}");
-        let done = raw
-            .split("event: done\ndata: ")
-            .nth(1)
-            .expect("a done event");
-        serde_json::from_str::<Value>(done.trim()).unwrap()
+        crate::helpers::streamed_refusal(c, url, &body).await
     } else {
         post_json(c, url, &body).await
     };

@@ -332,3 +332,23 @@ pub async fn drop_server_collection(url: &str, collection: &str) {
         let _ = index.drop_collections().await;
     }
 }
+
+/// A streamed answer's `done` event, checking that it streamed exactly one delta (a
+/// refusal: the refusal text, nothing of the model's before it).
+pub async fn streamed_refusal(
+    c: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+) -> serde_json::Value {
+    let mut res = c.post(url).json(body).send().await.unwrap();
+    let mut raw = String::new();
+    while let Some(chunk) = res.chunk().await.unwrap() {
+        raw.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert_eq!(raw.matches("event: delta").count(), 1, "{raw}");
+    let done = raw
+        .split("event: done\ndata: ")
+        .nth(1)
+        .expect("a done event");
+    serde_json::from_str(done.trim()).unwrap()
+}

@@ -16,7 +16,21 @@ fn shipped_probe() -> docent::query::generate::probe::Probe {
 /// A server over the whole demo corpus (the Rust Book) with the service's default chunking,
 /// retrieval and generation settings, on the default model.
 fn demo_server() -> (tempfile::TempDir, String) {
-    server_over(&[shared().join("data/corpus/rust-book/src")], |c| {
+    // ingested on a thread of its own: the store's writes must not wait on the test's
+    // runtime, which this call would block
+    std::thread::spawn(demo_server_on_this_thread)
+        .join()
+        .expect("the demo server")
+}
+
+fn demo_server_on_this_thread() -> (tempfile::TempDir, String) {
+    let mut files: Vec<_> = std::fs::read_dir(shared().join("data/corpus/rust-book/src"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    files.sort();
+    server_over(&files, |c| {
         let d = docent::config::Config::default();
         c.chunking = d.chunking;
         c.retrieval = d.retrieval;
@@ -39,6 +53,7 @@ async fn the_demo_corpus_refuses_what_it_never_speaks_of() {
     let (_index, address) = demo_server();
     let c = client();
     let url = format!("{address}/v1/query");
+    let mut scores = Vec::new();
     for question in [
         "How do I deploy a Rust web service to Kubernetes with Helm?",
         "Which company acquired the Rust Foundation in 2024?",
@@ -53,6 +68,7 @@ async fn the_demo_corpus_refuses_what_it_never_speaks_of() {
                 .as_f64()
                 .expect("the probe's score");
             assert_eq!(a["refusal_probability"].as_f64(), Some(probe), "{a}");
+            scores.push((question, probe));
         }
     }
     for (question, words) in [
@@ -67,9 +83,18 @@ async fn the_demo_corpus_refuses_what_it_never_speaks_of() {
         let text = a["answer"].as_str().unwrap().to_lowercase();
         assert!(words.iter().any(|w| text.contains(w)), "{a}");
         assert!(!a["citations"].as_array().unwrap().is_empty(), "{a}");
+        let probe = a["refusal_signals"]["probe"].as_f64();
+        assert!(probe.is_some(), "the probe read the state: {a}");
+        scores.push((question, probe.unwrap_or_default()));
+    }
+    // asked all at once (their prompts read beside each other's answers, continuous
+    // batching), each gets its own prompt's score
+    let together = futures::future::join_all(scores.iter().map(|(q, _)| ask(&c, &url, q))).await;
+    for ((q, alone), a) in scores.iter().zip(&together) {
+        let probe = a["refusal_signals"]["probe"].as_f64().expect("a score");
         assert!(
-            a["refusal_signals"]["probe"].as_f64().is_some(),
-            "the probe read the state: {a}"
+            (probe - alone).abs() < 0.02,
+            "{q}: alone {alone}, together {probe}"
         );
     }
 }
@@ -92,17 +117,7 @@ async fn a_refusal_by_the_probe_streams_no_answer_token() {
         "question": "Which company acquired the Rust Foundation in 2024?",
         "stream": true
     });
-    let mut res = c.post(&url).json(&body).send().await.unwrap();
-    let mut raw = String::new();
-    while let Some(chunk) = res.chunk().await.unwrap() {
-        raw.push_str(&String::from_utf8_lossy(&chunk));
-    }
-    assert_eq!(raw.matches("event: delta").count(), 1, "{raw}");
-    let done = raw
-        .split("event: done\ndata: ")
-        .nth(1)
-        .expect("a done event");
-    let done: Value = serde_json::from_str(done.trim()).unwrap();
+    let done = crate::helpers::streamed_refusal(&c, &url, &body).await;
     assert_eq!(done["refused"], true, "{done}");
     assert_eq!(done["refusal_reason"], "model", "{done}");
     let probe = done["refusal_signals"]["probe"]
@@ -140,7 +155,11 @@ async fn the_probe_score_moves_the_right_way_on_a_fixed_pair() {
         let g = &generator;
         let probe = probe.clone();
         async move {
-            let states = g.hidden_states(&prompt).await.unwrap().expect("states");
+            let states = g
+                .hidden_states(&prompt, &[probe.file.layer])
+                .await
+                .unwrap()
+                .expect("states");
             probe.score(&states).expect("a score")
         }
     };

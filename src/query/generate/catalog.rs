@@ -123,6 +123,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_named_refusal_probe_is_shipped_for_that_file() {
+        for m in known() {
+            if let Some(name) = &m.refusal_probe {
+                let text = crate::query::generate::probe::shipped(name)
+                    .unwrap_or_else(|| panic!("{}: probe {name} is not compiled in", m.name));
+                let p = crate::query::generate::probe::Probe::parse(name, text).unwrap();
+                assert_eq!(Some(&p.file.model_sha256), m.sha256.as_ref(), "{}", m.name);
+            }
+        }
+    }
+
+    #[test]
     fn the_catalog_parses_and_pins_what_it_assembles() {
         let models = known();
         assert!(

@@ -24,7 +24,10 @@ use serde::{Deserialize, Serialize};
 pub const FORMAT: &str = "docent-refusal-probe/1";
 
 /// The probes shipped with docent, by the file name `models.toml` gives them.
-const SHIPPED: &[(&str, &str)] = &[];
+const SHIPPED: &[(&str, &str)] = &[(
+    "qwen2.5-coder-0.5b.refusal.json",
+    include_str!("../../../training/refusal/probes/qwen2.5-coder-0.5b.refusal.json"),
+)];
 
 /// The shipped probe file called `name`, if docent ships one.
 pub fn shipped(name: &str) -> Option<&'static str> {
@@ -81,6 +84,30 @@ pub struct Probe {
 }
 
 impl Probe {
+    /// A probe over `layer` (threshold 0.5 until one is chosen; no training notes).
+    pub fn new(
+        model: &str,
+        model_sha256: &str,
+        layer: usize,
+        weights: Vec<f32>,
+        scale: f32,
+        bias: f32,
+    ) -> Probe {
+        Probe {
+            file: ProbeFile {
+                format: FORMAT.into(),
+                model: model.into(),
+                model_sha256: model_sha256.into(),
+                layer,
+                weights,
+                scale,
+                bias,
+                threshold: 0.5,
+                training: serde_json::Value::Null,
+            },
+        }
+    }
+
     /// Parses a probe file's text (`name` for messages).
     pub fn parse(name: &str, text: &str) -> Result<Probe, ProbeError> {
         let format = |message: String| ProbeError::Format {
@@ -177,6 +204,8 @@ pub fn file_sha256(path: &Path) -> std::io::Result<String> {
 /// A logits processor that only keeps the prompt's hidden states (for training and tests).
 #[derive(Default)]
 pub struct StateReader {
+    /// The layers to read (empty: every layer).
+    pub layers: Vec<usize>,
     pub states: Mutex<Option<Vec<Vec<f32>>>>,
 }
 
@@ -189,8 +218,8 @@ impl mistralrs::CustomLogitsProcessor for StateReader {
         Ok(logits.clone())
     }
 
-    fn wants_hidden_states(&self) -> bool {
-        true
+    fn hidden_state_layers(&self) -> Option<Vec<usize>> {
+        Some(self.layers.clone())
     }
 
     fn observe_hidden_states(&self, states: &[Vec<f32>]) {
@@ -292,6 +321,125 @@ pub fn fit(examples: &[Labelled<'_>], whiten: bool) -> Option<(Vec<f32>, f32, f3
     ))
 }
 
+/// An L2-regularised logistic regression over `examples` (a linear probe): each dimension
+/// standardised by the examples' mean and spread, then Newton's method on
+/// `c` × Σ log-loss + ½ |w|² (the intercept not penalised), folded back so the weights and
+/// bias apply to the raw state. Deterministic: fixed order, f64 sums, a Cholesky solve.
+pub fn fit_logistic(examples: &[Labelled<'_>], c: f64) -> Option<(Vec<f32>, f32)> {
+    let dim = examples.first()?.state.len();
+    let n = examples.len();
+    if examples.iter().any(|e| e.state.len() != dim)
+        || examples.iter().all(|e| e.refuse)
+        || examples.iter().all(|e| !e.refuse)
+    {
+        return None;
+    }
+    let mut mean = vec![0f64; dim];
+    for e in examples {
+        for (m, &x) in mean.iter_mut().zip(e.state) {
+            *m += x as f64 / n as f64;
+        }
+    }
+    let mut sd = vec![0f64; dim];
+    for e in examples {
+        for ((v, &x), m) in sd.iter_mut().zip(e.state).zip(&mean) {
+            *v += (x as f64 - m).powi(2) / n as f64;
+        }
+    }
+    let sd: Vec<f64> = sd.iter().map(|v| v.sqrt() + 1e-3).collect();
+    // standardised rows with a trailing 1 for the intercept
+    let rows: Vec<Vec<f64>> = examples
+        .iter()
+        .map(|e| {
+            let mut r: Vec<f64> = e
+                .state
+                .iter()
+                .zip(&mean)
+                .zip(&sd)
+                .map(|((&x, m), s)| (x as f64 - m) / s)
+                .collect();
+            r.push(1.0);
+            r
+        })
+        .collect();
+    let d = dim + 1;
+    let mut w = vec![0f64; d];
+    for _ in 0..50 {
+        let mut grad: Vec<f64> = w.clone();
+        grad[dim] = 0.0;
+        let mut hess = vec![0f64; d * d];
+        for i in 0..dim {
+            hess[i * d + i] = 1.0;
+        }
+        for (r, e) in rows.iter().zip(examples) {
+            let z: f64 = r.iter().zip(&w).map(|(a, b)| a * b).sum();
+            let p = sigmoid(z);
+            let g = c * (p - e.refuse as u8 as f64);
+            let h = c * p * (1.0 - p);
+            for (gi, ri) in grad.iter_mut().zip(r) {
+                *gi += g * ri;
+            }
+            for i in 0..d {
+                let hr = h * r[i];
+                let row = &mut hess[i * d..i * d + i + 1];
+                for (hij, rj) in row.iter_mut().zip(&r[..=i]) {
+                    *hij += hr * rj;
+                }
+            }
+        }
+        // the lower triangle holds the Hessian: solve H Δ = g
+        hess[dim * d + dim] += 1e-9;
+        let step = cholesky_solve(&mut hess, d, &grad)?;
+        let size: f64 = step.iter().map(|v| v.abs()).fold(0.0, f64::max);
+        for (wi, si) in w.iter_mut().zip(&step) {
+            *wi -= si;
+        }
+        if size < 1e-10 {
+            break;
+        }
+    }
+    let weights: Vec<f32> = (0..dim).map(|i| (w[i] / sd[i]) as f32).collect();
+    let bias = w[dim] - (0..dim).map(|i| w[i] * mean[i] / sd[i]).sum::<f64>();
+    Some((weights, bias as f32))
+}
+
+/// Solves `a x = b` for a symmetric positive-definite `a` (n × n, row-major, lower triangle
+/// read, overwritten by its Cholesky factor); `None` when it is not positive definite.
+fn cholesky_solve(a: &mut [f64], n: usize, b: &[f64]) -> Option<Vec<f64>> {
+    for j in 0..n {
+        let mut diag = a[j * n + j];
+        for k in 0..j {
+            diag -= a[j * n + k] * a[j * n + k];
+        }
+        if diag <= 0.0 || !diag.is_finite() {
+            return None;
+        }
+        let diag = diag.sqrt();
+        a[j * n + j] = diag;
+        for i in j + 1..n {
+            let mut v = a[i * n + j];
+            for k in 0..j {
+                v -= a[i * n + k] * a[j * n + k];
+            }
+            a[i * n + j] = v / diag;
+        }
+    }
+    let mut y = b.to_vec();
+    for i in 0..n {
+        for k in 0..i {
+            y[i] -= a[i * n + k] * y[k];
+        }
+        y[i] /= a[i * n + i];
+    }
+    for i in (0..n).rev() {
+        for k in i + 1..n {
+            y[i] -= a[k * n + i] * y[k];
+        }
+        y[i] /= a[i * n + i];
+    }
+    Some(y)
+}
+
 /// `a`, `b` of p = sigmoid(a x + b) by Newton's method (a small ridge keeps separable data
 /// finite).
 pub fn logistic_1d(points: &[(f64, bool)]) -> (f64, f64) {
@@ -358,19 +506,7 @@ mod tests {
     use super::*;
 
     fn probe(layer: usize, weights: Vec<f32>, scale: f32, bias: f32) -> Probe {
-        Probe {
-            file: ProbeFile {
-                format: FORMAT.into(),
-                model: "m".into(),
-                model_sha256: "ab".repeat(32),
-                layer,
-                weights,
-                scale,
-                bias,
-                threshold: 0.5,
-                training: serde_json::Value::Null,
-            },
-        }
+        Probe::new("m", &"ab".repeat(32), layer, weights, scale, bias)
     }
 
     #[test]
@@ -423,41 +559,54 @@ mod tests {
         }
     }
 
+    /// Uniform values in [-0.5, 0.5) from a fixed seed.
+    fn uniform(seed: u64) -> impl FnMut() -> f32 {
+        let mut rng = seed;
+        move || {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((rng >> 33) as f64 / (1u64 << 31) as f64 - 0.5) as f32
+        }
+    }
+
+    /// Fits on the first half of `states` and gives the AUROC of the second half's scores.
+    fn held_out_auroc(
+        states: &[(Vec<f32>, bool)],
+        fit: impl Fn(&[Labelled<'_>]) -> Option<(Vec<f32>, f32, f32)>,
+    ) -> f64 {
+        let (train, test) = states.split_at(states.len() / 2);
+        let examples: Vec<Labelled> = train
+            .iter()
+            .map(|(s, r)| Labelled {
+                state: s,
+                refuse: *r,
+            })
+            .collect();
+        let (w, scale, bias) = fit(&examples).unwrap();
+        let p = probe(0, w, scale, bias);
+        let scored: Vec<(f64, bool)> = test
+            .iter()
+            .map(|(s, r)| (p.score(std::slice::from_ref(s)).unwrap() as f64, *r))
+            .collect();
+        // the fit says which side is which: scores rise with the refused class
+        auroc(&scored)
+    }
+
     #[test]
     fn the_fit_separates_two_clouds_and_says_which_is_which() {
         // class 1 shifted along dimension 0; dimension 1 is noise of spread `noise`
-        let auc = |noise: f32, whiten: bool| {
-            let mut rng = 7u64;
-            let mut next = || {
-                rng = rng
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((rng >> 33) as f64 / (1u64 << 31) as f64 - 0.5) as f32
-            };
-            let states: Vec<(Vec<f32>, bool)> = (0..400)
+        let clouds = |noise: f32| -> Vec<(Vec<f32>, bool)> {
+            let mut next = uniform(7);
+            (0..400)
                 .map(|i| {
                     let refuse = i % 2 == 0;
                     let shift = if refuse { 1.0 } else { 0.0 };
                     (vec![shift + next() * 0.5, next() * noise], refuse)
                 })
-                .collect();
-            let (train, test) = states.split_at(200);
-            let examples: Vec<Labelled> = train
-                .iter()
-                .map(|(s, r)| Labelled {
-                    state: s,
-                    refuse: *r,
-                })
-                .collect();
-            let (w, scale, bias) = fit(&examples, whiten).unwrap();
-            let p = probe(0, w, scale, bias);
-            let scored: Vec<(f64, bool)> = test
-                .iter()
-                .map(|(s, r)| (p.score(std::slice::from_ref(s)).unwrap() as f64, *r))
-                .collect();
-            // the logistic fit says which side is which: scores rise with class 1
-            auroc(&scored)
+                .collect()
         };
+        let auc = |noise, scaled| held_out_auroc(&clouds(noise), |e| fit(e, scaled));
         assert!(auc(0.5, false) > 0.9 && auc(0.5, true) > 0.9);
         // a noisy dimension pulls the plain difference of means off; scaled, it is not
         let (plain, scaled) = (auc(20.0, false), auc(20.0, true));
@@ -468,6 +617,44 @@ mod tests {
             refuse: true,
         }];
         assert!(fit(&one, true).is_none());
+    }
+
+    #[test]
+    fn the_logistic_probe_finds_a_direction_hidden_in_correlated_dimensions() {
+        // the class is in x0 - x1; both carry a large shared term, so neither alone (nor
+        // their means' difference) separates well
+        let mut next = uniform(11);
+        let states: Vec<(Vec<f32>, bool)> = (0..400)
+            .map(|i| {
+                let refuse = i % 2 == 0;
+                let shared = next() * 20.0;
+                let signal = if refuse { 0.5 } else { -0.5 } + next() * 0.3;
+                (vec![shared + signal, shared, next()], refuse)
+            })
+            .collect();
+        let logistic = |e: &[Labelled<'_>]| fit_logistic(e, 1.0).map(|(w, b)| (w, 1.0, b));
+        let auc = held_out_auroc(&states, logistic);
+        assert!(auc > 0.95, "{auc}");
+        // the fit is a function of the data: the same twice
+        let examples: Vec<Labelled> = states
+            .iter()
+            .map(|(s, r)| Labelled {
+                state: s,
+                refuse: *r,
+            })
+            .collect();
+        assert_eq!(fit_logistic(&examples, 1.0), fit_logistic(&examples, 1.0));
+        assert!(fit_logistic(&examples[..1], 1.0).is_none());
+    }
+
+    #[test]
+    fn cholesky_solves_a_small_system() {
+        let mut a = vec![4.0, 0.0, 2.0, 3.0];
+        let x = cholesky_solve(&mut a, 2, &[2.0, 1.0]).unwrap();
+        // [[4, 2], [2, 3]] x = [2, 1]: x = [0.5, 0]
+        assert!((x[0] - 0.5).abs() < 1e-12 && x[1].abs() < 1e-12, "{x:?}");
+        let mut not_pd = vec![-1.0, 0.0, 0.0, 1.0];
+        assert!(cholesky_solve(&mut not_pd, 2, &[1.0, 1.0]).is_none());
     }
 
     #[test]

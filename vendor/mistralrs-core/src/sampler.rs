@@ -260,14 +260,15 @@ pub trait CustomLogitsProcessor: Send + Sync {
     /// Logits and sequence context (prompt and generated tokens), returning modified tokens.
     fn apply(&self, logits: &Tensor, context: &[u32]) -> Result<Tensor>;
 
-    /// docent: whether this processor reads the hidden states of the prompt's last token
-    /// ([`Self::observe_hidden_states`]); the model keeps them only when asked.
-    fn wants_hidden_states(&self) -> bool {
-        false
+    /// docent: which layers' hidden states at the prompt's last token this processor reads
+    /// ([`Self::observe_hidden_states`]): `None`, none; an empty list, every layer. The model
+    /// keeps only what some processor of the step asks for.
+    fn hidden_state_layers(&self) -> Option<Vec<usize>> {
+        None
     }
 
     /// docent: the residual stream after each decoder layer (index 0 = after the first
-    /// layer) at the last position of the prompt (chunk) just read, in the same forward pass
+    /// layer; empty for a layer nobody asked for) at the last position of the prompt (chunk) just read, in the same forward pass
     /// that gives the answer's first logits; called after each prompt chunk, so the last
     /// call, before the first token is sampled, holds the prompt's last token.
     fn observe_hidden_states(&self, _states: &[Vec<f32>]) {}
@@ -277,6 +278,24 @@ impl<T: Fn(&Tensor, &[u32]) -> Result<Tensor> + Send + Sync> CustomLogitsProcess
     fn apply(&self, logits: &Tensor, context: &[u32]) -> Result<Tensor> {
         self(logits, context)
     }
+}
+
+/// docent: the union of several layer requests (`None`: none; empty: every layer).
+pub(crate) fn merge_layers(asks: impl Iterator<Item = Option<Vec<usize>>>) -> Option<Vec<usize>> {
+    let mut merged: Option<Vec<usize>> = None;
+    for ask in asks.flatten() {
+        merged = Some(match merged {
+            Some(m) if m.is_empty() || ask.is_empty() => Vec::new(),
+            Some(mut m) => {
+                m.extend(ask);
+                m.sort_unstable();
+                m.dedup();
+                m
+            }
+            None => ask,
+        });
+    }
+    merged
 }
 
 /// Sampler for sampling.
@@ -372,14 +391,19 @@ fn argmax_f32(values: &[f32]) -> u32 {
 }
 
 impl Sampler {
-    /// docent: whether a logits processor of this sequence reads the prompt's hidden states.
-    pub fn wants_hidden_states(&self) -> bool {
-        self.logits_processors.iter().any(|p| p.wants_hidden_states())
+    /// docent: the layers whose prompt hidden states this sequence's logits processors read
+    /// (`None`: none; empty: every layer).
+    pub fn hidden_state_layers(&self) -> Option<Vec<usize>> {
+        merge_layers(self.logits_processors.iter().map(|p| p.hidden_state_layers()))
     }
 
     /// docent: hands the prompt's last hidden states to the processors that read them.
     pub fn observe_hidden_states(&self, states: &[Vec<f32>]) {
-        for p in self.logits_processors.iter().filter(|p| p.wants_hidden_states()) {
+        for p in self
+            .logits_processors
+            .iter()
+            .filter(|p| p.hidden_state_layers().is_some())
+        {
             p.observe_hidden_states(states);
         }
     }

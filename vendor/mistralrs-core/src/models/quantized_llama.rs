@@ -250,11 +250,11 @@ pub struct ModelWeights {
     /// docent: per layer, the caches of the sequences of a decode batch under continuous
     /// batching (shared storage with the sequences' own caches; empty otherwise).
     ragged: std::sync::Mutex<Vec<Vec<KvCache>>>,
-    /// docent: keep each layer's output at every row's first kept position (a prompt's last
-    /// token) during the next forward passes (`set_hidden_capture`).
-    hidden_capture: std::sync::atomic::AtomicBool,
+    /// docent: the layers whose output at every row's first kept position (a prompt's last
+    /// token) the next forward passes keep (`set_hidden_capture`; empty: every layer).
+    hidden_capture: std::sync::Mutex<Option<Vec<usize>>>,
     /// docent: what the last forward pass kept: per layer, a (batch, hidden) tensor.
-    hidden: std::sync::Mutex<Vec<Tensor>>,
+    hidden: std::sync::Mutex<Vec<Option<Tensor>>>,
 }
 
 impl ModelConfig::FromGGML for ModelWeights {
@@ -788,18 +788,18 @@ impl ModelWeights {
         self.ragged.lock().expect("ragged caches").clear();
     }
 
-    /// docent: whether the next forward passes keep the hidden states (see `take_hidden`).
-    pub fn set_hidden_capture(&self, on: bool) {
-        self.hidden_capture
-            .store(on, std::sync::atomic::Ordering::Relaxed);
-        if !on {
+    /// docent: which layers' hidden states the next forward passes keep (see `take_hidden`;
+    /// `None`: none, empty: every layer).
+    pub fn set_hidden_capture(&self, layers: Option<Vec<usize>>) {
+        if layers.is_none() {
             self.hidden.lock().expect("hidden states").clear();
         }
+        *self.hidden_capture.lock().expect("hidden capture") = layers;
     }
 
     /// docent: the hidden states the last forward pass kept (per layer, (batch, hidden) in
-    /// F32 on the CPU), emptied; empty when capture was off.
-    pub fn take_hidden(&self) -> Vec<Tensor> {
+    /// F32 on the CPU, `None` for a layer not asked for), emptied; empty when capture was off.
+    pub fn take_hidden(&self) -> Vec<Option<Tensor>> {
         std::mem::take(&mut *self.hidden.lock().expect("hidden states"))
     }
 
@@ -837,10 +837,8 @@ impl ModelWeights {
         let mut ragged = self.ragged.lock().expect("ragged caches");
         let (b_sz, q_len) = x.dims2()?;
         // docent: the rows' first kept positions (a prompt's last token), when asked
-        let capture = self
-            .hidden_capture
-            .load(std::sync::atomic::Ordering::Relaxed);
-        let mut hidden = Vec::with_capacity(if capture { self.layers.len() } else { 0 });
+        let capture = self.hidden_capture.lock().expect("hidden capture").clone();
+        let mut hidden = Vec::with_capacity(if capture.is_some() { self.layers.len() } else { 0 });
         let use_ragged = metadata.is_none()
             && q_len == 1
             && ragged.len() == self.layers.len()
@@ -873,22 +871,27 @@ impl ModelWeights {
             let x = layer.ffn_norm.forward(&x)?;
             let x = layer.mlp_or_moe.forward(&x)?;
             let x = (x + residual)?;
-            if capture {
+            if let Some(layers) = &capture {
+                if !layers.is_empty() && !layers.contains(&i) {
+                    hidden.push(None);
+                    layer_in = x;
+                    continue;
+                }
                 let rows = x
                     .chunk(b_sz, 0)?
                     .iter()
                     .zip(&context_lens)
                     .map(|(row, &(start, _))| row.narrow(1, start, 1)?.squeeze(1))
                     .collect::<Result<Vec<_>>>()?;
-                hidden.push(
+                hidden.push(Some(
                     Tensor::cat(&rows, 0)?
                         .to_dtype(DType::F32)?
                         .to_device(&Device::Cpu)?,
-                );
+                ));
             }
             layer_in = x;
         }
-        if capture {
+        if capture.is_some() {
             *self.hidden.lock().expect("hidden states") = hidden;
         }
         let layer_in = layer_in.to_device(&self.device)?;

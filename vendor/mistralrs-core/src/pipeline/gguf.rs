@@ -767,13 +767,13 @@ impl MetadataMixin for GGUFPipeline {
 impl Pipeline for GGUFPipeline {
     // docent (vendor/PATCHES.md 20): the quantized Llama decoder (llama, mistral3, qwen2)
     // keeps the prompt's last hidden states when asked.
-    fn set_hidden_capture(&mut self, on: bool) {
+    fn set_hidden_capture(&mut self, layers: Option<Vec<usize>>) {
         if let Model::Llama(ref model) = self.model {
-            model.set_hidden_capture(on);
+            model.set_hidden_capture(layers);
         }
     }
 
-    fn take_hidden_states(&mut self) -> Vec<Tensor> {
+    fn take_hidden_states(&mut self) -> Vec<Option<Tensor>> {
         match self.model {
             Model::Llama(ref model) => model.take_hidden(),
             _ => Vec::new(),

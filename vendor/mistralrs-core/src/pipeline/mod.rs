@@ -458,13 +458,14 @@ pub trait Pipeline:
         return_raw_logits: bool,
     ) -> Result<ForwardInputsResult, candle_core::Error>;
 
-    /// docent: whether the model's next forward passes keep each layer's hidden state at the
-    /// prompt's last position (`take_hidden_states`). Models that cannot ignore it.
-    fn set_hidden_capture(&mut self, _on: bool) {}
+    /// docent: which layers' hidden states at the prompt's last position the model's next
+    /// forward passes keep (`take_hidden_states`; `None`: none, empty: every layer). Models
+    /// that cannot ignore it.
+    fn set_hidden_capture(&mut self, _layers: Option<Vec<usize>>) {}
 
     /// docent: what the last forward pass kept (per layer, a (batch, hidden) F32 tensor on
-    /// the CPU), emptied; empty when nothing was kept.
-    fn take_hidden_states(&mut self) -> Vec<Tensor> {
+    /// the CPU, `None` for a layer not kept), emptied; empty when nothing was kept.
+    fn take_hidden_states(&mut self) -> Vec<Option<Tensor>> {
         Vec::new()
     }
 
@@ -545,11 +546,10 @@ pub trait Pipeline:
 
                     // docent: a prompt whose logits processors read the hidden states
                     // keeps them in this same pass (vendor/PATCHES.md 20)
-                    let capture = is_prompt
-                        && draft.is_none()
-                        && input_seqs.iter_mut().any(|s| s.sampler().wants_hidden_states());
+                    let layers = hidden::wanted(input_seqs).filter(|_| is_prompt && draft.is_none());
+                    let capture = layers.is_some();
                     if capture {
-                        self.set_hidden_capture(true);
+                        self.set_hidden_capture(layers);
                     }
                     let start = Instant::now();
                     let raw_logits = self.forward_inputs(inputs, return_raw_logits);
@@ -557,7 +557,7 @@ pub trait Pipeline:
                     exec_duration += end.duration_since(start);
                     if capture {
                         let states = self.take_hidden_states();
-                        self.set_hidden_capture(false);
+                        self.set_hidden_capture(None);
                         hidden::deliver(input_seqs, &seq_indices, &states)?;
                     }
                     let raw_logits = raw_logits?;
@@ -819,10 +819,10 @@ pub trait Pipeline:
 
                     // docent: a prompt whose logits processors read the hidden states
                     // keeps them in this same pass (vendor/PATCHES.md 20)
-                    let capture = is_prompt
-                        && input_seqs.iter_mut().any(|s| s.sampler().wants_hidden_states());
+                    let layers = hidden::wanted(input_seqs).filter(|_| is_prompt);
+                    let capture = layers.is_some();
                     if capture {
-                        self.set_hidden_capture(true);
+                        self.set_hidden_capture(layers);
                     }
                     let start = Instant::now();
                     let raw_logits = self.forward_inputs(inputs, return_raw_logits);
@@ -830,7 +830,7 @@ pub trait Pipeline:
                     exec_duration += end.duration_since(start);
                     if capture {
                         let states = self.take_hidden_states();
-                        self.set_hidden_capture(false);
+                        self.set_hidden_capture(None);
                         hidden::deliver(input_seqs, &seq_indices, &states)?;
                     }
                     let raw_logits = raw_logits?;
