@@ -219,53 +219,7 @@ pub enum Command {
     /// questions: examples with their retrieved passages, the model's hidden states at each
     /// prompt's last token, then the direction and its threshold on the dev split. Each step
     /// is kept in its file; with the committed files it reproduces the shipped probe.
-    TrainRefusal {
-        /// The questions (over the corpora below).
-        #[arg(long, default_value = "training/refusal/questions.jsonl")]
-        questions: PathBuf,
-        /// The corpora the questions name, as NAME=CORPUS.jsonl.
-        #[arg(
-            long,
-            value_delimiter = ',',
-            default_value = "rust-book=eval/rust-book-natural/corpus.jsonl,rfcs=eval/rfcs-long/corpus.jsonl"
-        )]
-        corpus: Vec<String>,
-        /// encyclo-factoid's folder: its dev half's questions are used too ("" for none).
-        #[arg(long, default_value = "eval/encyclo-factoid")]
-        encyclo: PathBuf,
-        /// The examples (made when missing, or with --rebuild).
-        #[arg(long, default_value = "training/refusal/examples.jsonl")]
-        examples: PathBuf,
-        /// The hidden states at --layer (made when missing, or with --extract, which keeps
-        /// every layer's in ~/.cache/docent-models/refusal-states and prints the sweep).
-        #[arg(long)]
-        states: Option<PathBuf>,
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// The layer read (0: after the first decoder layer).
-        #[arg(long, default_value_t = crate::tools::train_refusal::DEFAULT_LAYER)]
-        layer: usize,
-        /// How the probe is fitted: logistic (an L2-regularised logistic regression on
-        /// standardised states), mean-difference (the difference of the class means), or
-        /// scaled-difference (that, divided per dimension by the pooled variance).
-        #[arg(long, default_value = "logistic")]
-        method: String,
-        /// The logistic regression's C (inverse L2 penalty).
-        #[arg(long, default_value_t = crate::tools::train_refusal::DEFAULT_C)]
-        c: f64,
-        /// Highest share of dev examples whose passages hold the answer that may be refused.
-        #[arg(long, default_value_t = 0.05)]
-        max_false_refusals: f64,
-        #[arg(long)]
-        rebuild: bool,
-        #[arg(long)]
-        extract: bool,
-        /// Also time what reading the states adds to a prefill, over this many examples.
-        #[arg(long, default_value_t = 0)]
-        time: usize,
-        #[arg(long)]
-        json: bool,
-    },
+    TrainRefusal(TrainRefusal),
     /// Measure throughput against a limit and a peer (prints a table).
     #[command(subcommand)]
     Bench(Bench),
@@ -448,6 +402,56 @@ pub struct BenchArgs {
     #[arg(long)]
     pub no_peer: bool,
     /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `docent train-refusal`'s flags.
+#[derive(clap::Args)]
+pub struct TrainRefusal {
+    /// The questions (over the corpora below).
+    #[arg(long, default_value = "training/refusal/questions.jsonl")]
+    pub questions: PathBuf,
+    /// The corpora the questions name, as NAME=CORPUS.jsonl.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "rust-book=eval/rust-book-natural/corpus.jsonl,rfcs=eval/rfcs-long/corpus.jsonl"
+    )]
+    pub corpus: Vec<String>,
+    /// encyclo-factoid's folder: its dev half's questions are used too ("" for none).
+    #[arg(long, default_value = "eval/encyclo-factoid")]
+    pub encyclo: PathBuf,
+    /// The examples (made when missing, or with --rebuild).
+    #[arg(long, default_value = "training/refusal/examples.jsonl")]
+    pub examples: PathBuf,
+    /// The hidden states at --layer (made when missing, or with --extract, which keeps
+    /// every layer's in ~/.cache/docent-models/refusal-states and prints the sweep).
+    #[arg(long)]
+    pub states: Option<PathBuf>,
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// The layer read (0: after the first decoder layer).
+    #[arg(long, default_value_t = crate::tools::train_refusal::DEFAULT_LAYER)]
+    pub layer: usize,
+    /// How the probe is fitted: logistic (an L2-regularised logistic regression on
+    /// standardised states), mean-difference (the difference of the class means), or
+    /// scaled-difference (that, divided per dimension by the pooled variance).
+    #[arg(long, default_value = "logistic")]
+    pub method: String,
+    /// The logistic regression's C (inverse L2 penalty).
+    #[arg(long, default_value_t = crate::tools::train_refusal::DEFAULT_C)]
+    pub c: f64,
+    /// Highest share of dev examples whose passages hold the answer that may be refused.
+    #[arg(long, default_value_t = 0.05)]
+    pub max_false_refusals: f64,
+    #[arg(long)]
+    pub rebuild: bool,
+    #[arg(long)]
+    pub extract: bool,
+    /// Also time what reading the states adds to a prefill, over this many examples.
+    #[arg(long, default_value_t = 0)]
+    pub time: usize,
     #[arg(long)]
     pub json: bool,
 }

@@ -680,6 +680,25 @@ impl Config {
         Ok(config)
     }
 
+    /// `generation.refusal_probe` and its threshold, when set.
+    fn validate_refusal_probe(&self) -> Result<(), ConfigError> {
+        if let Some(t) = self.generation.refusal_probe_threshold {
+            if !(t > 0.0 && t <= 1.0) {
+                return Err(ConfigError::Invalid { field: "generation.refusal_probe_threshold",
+                    message: format!("is a probability above 0 and at most 1 (the probe's own, from its file, when unset), got {t}"),
+                });
+            }
+        }
+        if let Some(p) = &self.generation.refusal_probe {
+            if let Err(e) = crate::query::generate::probe::Probe::read(p) {
+                return Err(ConfigError::Invalid { field: "generation.refusal_probe",
+                    message: format!("{e}; name a file written by `docent train-refusal`, or unset it for the probe docent ships"),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Checks values that do not need files.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.store.validate()?;
@@ -1021,22 +1040,7 @@ impl Config {
                 format!("is a probability above 0 and at most 1 (1: refuse only when the model writes the refusal phrase), got {t}"),
             );
         }
-        if let Some(t) = self.generation.refusal_probe_threshold {
-            if !(t > 0.0 && t <= 1.0) {
-                return invalid(
-                    "generation.refusal_probe_threshold",
-                    format!("is a probability above 0 and at most 1 (the probe's own, from its file, when unset), got {t}"),
-                );
-            }
-        }
-        if let Some(p) = &self.generation.refusal_probe {
-            if let Err(e) = crate::query::generate::probe::Probe::read(p) {
-                return invalid(
-                    "generation.refusal_probe",
-                    format!("{e}; name a file written by `docent train-refusal`, or unset it for the probe docent ships"),
-                );
-            }
-        }
+        self.validate_refusal_probe()?;
         if self.generation.refusal_check == crate::query::generate::RefusalCheck::Question
             && self.generation.refusal_phrase.trim().is_empty()
         {

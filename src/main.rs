@@ -290,62 +290,7 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             let report = docent::tools::train_injection::run(&data, &out, settings)?;
             print_report(&report, json)
         }
-        Command::TrainRefusal {
-            questions,
-            corpus,
-            encyclo,
-            examples,
-            states,
-            out,
-            layer,
-            method,
-            c,
-            max_false_refusals,
-            rebuild,
-            extract,
-            time,
-            json,
-        } => {
-            let model = config.generation.model.display().to_string();
-            let stem = model.rsplit('/').next().unwrap_or(&model).to_string();
-            let corpora = corpus
-                .iter()
-                .map(|c| {
-                    c.split_once('=')
-                        .map(|(n, p)| (n.to_string(), PathBuf::from(p)))
-                        .ok_or_else(|| anyhow::anyhow!("--corpus {c:?}: write NAME=FILE"))
-                })
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            let settings = docent::tools::train_refusal::Settings {
-                questions,
-                corpora,
-                encyclo: (!encyclo.as_os_str().is_empty()).then_some(encyclo),
-                examples,
-                states: states.unwrap_or_else(|| format!("training/refusal/{stem}.states").into()),
-                out: out.unwrap_or_else(|| {
-                    format!("training/refusal/probes/{stem}.refusal.json").into()
-                }),
-                layer,
-                method: match method.as_str() {
-                    "logistic" => docent::tools::train_refusal::Method::Logistic { c },
-                    "mean-difference" => {
-                        docent::tools::train_refusal::Method::MeanDifference { scaled: false }
-                    }
-                    "scaled-difference" => {
-                        docent::tools::train_refusal::Method::MeanDifference { scaled: true }
-                    }
-                    other => anyhow::bail!(
-                        "--method {other:?}: logistic, mean-difference or scaled-difference"
-                    ),
-                },
-                max_false_refusals,
-                rebuild,
-                extract,
-                time,
-            };
-            let report = docent::tools::train_refusal::run(&config, &settings).await?;
-            print_report(&report, json)
-        }
+        Command::TrainRefusal(args) => train_refusal(&config, args).await,
         Command::EvalPii { dataset, json } => {
             let report = docent::tools::eval::safety::run(&dataset)?;
             print_report(&report, json)
@@ -865,4 +810,48 @@ impl Progress for Bar {
             self.bar.println(format!("failed: {e}"));
         }
     }
+}
+
+/// `docent train-refusal`: the flags as the tool's settings, then the run.
+async fn train_refusal(config: &Config, a: docent::cli::TrainRefusal) -> anyhow::Result<ExitCode> {
+    use docent::tools::train_refusal::{Method, Settings};
+    let model = config.generation.model.display().to_string();
+    let stem = model.rsplit('/').next().unwrap_or(&model).to_string();
+    let corpora = a
+        .corpus
+        .iter()
+        .map(|c| {
+            c.split_once('=')
+                .map(|(n, p)| (n.to_string(), PathBuf::from(p)))
+                .ok_or_else(|| anyhow::anyhow!("--corpus {c:?}: write NAME=FILE"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let method = match a.method.as_str() {
+        "logistic" => Method::Logistic { c: a.c },
+        "mean-difference" => Method::MeanDifference { scaled: false },
+        "scaled-difference" => Method::MeanDifference { scaled: true },
+        other => {
+            anyhow::bail!("--method {other:?}: logistic, mean-difference or scaled-difference")
+        }
+    };
+    let settings = Settings {
+        questions: a.questions,
+        corpora,
+        encyclo: (!a.encyclo.as_os_str().is_empty()).then_some(a.encyclo),
+        examples: a.examples,
+        states: a
+            .states
+            .unwrap_or_else(|| format!("training/refusal/{stem}.states").into()),
+        out: a
+            .out
+            .unwrap_or_else(|| format!("training/refusal/probes/{stem}.refusal.json").into()),
+        layer: a.layer,
+        method,
+        max_false_refusals: a.max_false_refusals,
+        rebuild: a.rebuild,
+        extract: a.extract,
+        time: a.time,
+    };
+    let report = docent::tools::train_refusal::run(config, &settings).await?;
+    print_report(&report, a.json)
 }

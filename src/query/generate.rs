@@ -441,7 +441,7 @@ pub struct Generator {
     /// `generation.refusal_check`, after the fallback for a model without a probe.
     refusal_check: RefusalCheck,
     /// The refusal probe and its threshold, with [`RefusalCheck::Probe`].
-    probe: Option<(Arc<probe::Probe>, f32)>,
+    probe: Option<ProbeWithThreshold>,
     /// Tokens masked at an answer's first step (`generation.lead_with_marker = false`: the
     /// first tokens of a citation marker); empty when none are.
     lead_masked: Vec<u32>,
@@ -834,25 +834,7 @@ impl Generator {
             ));
         }
         // the refusal probe first: one for another model file stops the start-up at once
-        let (refusal_check, probe) = match config.refusal_check {
-            RefusalCheck::Probe => match refusal_probe(config, &catalog::resolve(&config.model))
-                .map_err(|e| load_err(e.to_string()))?
-            {
-                Some(p) => {
-                    let threshold = config.refusal_probe_threshold.unwrap_or(p.file.threshold);
-                    (RefusalCheck::Probe, Some((Arc::new(p), threshold)))
-                }
-                None => {
-                    tracing::warn!(
-                        model = %config.model.display(),
-                        "no refusal probe for this model (generation.refusal_probe); refusals \
-                         fall back to the first-token signal (generation.refusal = \"first_token\")"
-                    );
-                    (RefusalCheck::FirstToken, None)
-                }
-            },
-            other => (other, None),
-        };
+        let (refusal_check, probe) = refusal_signal(config).map_err(load_err)?;
         let loader = target.loader(write_uqff.clone())?;
         let loader: Box<dyn Loader> = match &config.draft {
             Some(draft) => Box::new(SpeculativeLoader {
@@ -1175,22 +1157,31 @@ impl Generator {
             no: self.no_tokens.clone(),
             probability: probability.clone(),
         };
+        self.one_step(asked, Arc::new(reader)).await?;
+        probability
+            .get()
+            .copied()
+            .ok_or_else(|| GenerateError::Engine("the pre-question was not read".into()))
+    }
+
+    /// One greedy step after `prompt` with `reader` as its logits processor (which reads
+    /// what it needs: the step's logits, the prompt's hidden states).
+    async fn one_step(
+        &self,
+        prompt: &Prompt,
+        reader: Arc<dyn mistralrs::CustomLogitsProcessor>,
+    ) -> Result<(), GenerateError> {
         let response = self
             .request_once(
-                messages(asked),
+                messages(prompt),
                 sampling(&Params::greedy(1)),
                 false,
-                Some(vec![
-                    Arc::new(reader) as Arc<dyn mistralrs::CustomLogitsProcessor>
-                ]),
+                Some(vec![reader]),
                 Drafts::NONE,
             )
             .await?;
         match response {
-            Response::Done(_) => probability
-                .get()
-                .copied()
-                .ok_or_else(|| GenerateError::Engine("the pre-question was not read".into())),
+            Response::Done(_) => Ok(()),
             other => Err(response_error(other)),
         }
     }
@@ -1208,21 +1199,8 @@ impl Generator {
             layers: layers.to_vec(),
             states: Default::default(),
         });
-        let response = self
-            .request_once(
-                messages(prompt),
-                sampling(&Params::greedy(1)),
-                false,
-                Some(vec![
-                    reader.clone() as Arc<dyn mistralrs::CustomLogitsProcessor>
-                ]),
-                Drafts::NONE,
-            )
-            .await?;
-        match response {
-            Response::Done(_) => Ok(reader.states.lock().ok().and_then(|mut s| s.take())),
-            other => Err(response_error(other)),
-        }
+        self.one_step(prompt, reader.clone()).await?;
+        Ok(reader.states.lock().ok().and_then(|mut s| s.take()))
     }
 
     /// The refusal probe this generator decides with, and its threshold.
@@ -1618,6 +1596,35 @@ impl mistralrs::CustomLogitsProcessor for RefusalGate {
             g.read.score.set(g.read.probe.score(states));
         }
     }
+}
+
+/// A refusal probe and the threshold it decides at.
+type ProbeWithThreshold = (Arc<probe::Probe>, f32);
+
+/// The refusal signal `config` asks for, after the fallback for a model without a probe,
+/// and the probe with its threshold (`generation.refusal_probe_threshold`, else the file's).
+fn refusal_signal(
+    config: &GenerationConfig,
+) -> Result<(RefusalCheck, Option<ProbeWithThreshold>), String> {
+    Ok(match config.refusal_check {
+        RefusalCheck::Probe => match refusal_probe(config, &catalog::resolve(&config.model))
+            .map_err(|e| e.to_string())?
+        {
+            Some(p) => {
+                let threshold = config.refusal_probe_threshold.unwrap_or(p.file.threshold);
+                (RefusalCheck::Probe, Some((Arc::new(p), threshold)))
+            }
+            None => {
+                tracing::warn!(
+                    model = %config.model.display(),
+                    "no refusal probe for this model (generation.refusal_probe); refusals \
+                     fall back to the first-token signal (generation.refusal = \"first_token\")"
+                );
+                (RefusalCheck::FirstToken, None)
+            }
+        },
+        other => (other, None),
+    })
 }
 
 /// The refusal probe for `config.model` (whose file is `model_file`): the file
