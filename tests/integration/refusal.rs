@@ -249,3 +249,62 @@ async fn the_committed_states_are_the_models_own() {
         assert!((now - then).abs() < 0.02, "{}: {then} vs {now}", e.id);
     }
 }
+
+/// With a draft model (speculative decoding), the probe reads the target's state in the
+/// pass that checks the first draft, and that score is the one the answer's judgement
+/// decides with: the same as the plain prefill's (vendor/PATCHES.md 21).
+#[tokio::test]
+async fn a_speculative_answer_reads_the_probe_from_its_target() {
+    use docent::query::generate::{Generator, Params};
+    use docent::query::prompt::ContextBlock;
+    let mut config = crate::helpers::config(&std::env::temp_dir());
+    config.generation.model = default_model();
+    config.generation.prefix_cache = false;
+    let plain = Generator::load(&config.generation).await.unwrap();
+    config.generation.draft = Some(docent::config::DraftConfig {
+        model: default_model(),
+        gamma: 3,
+    });
+    let speculative = Generator::load(&config.generation).await.unwrap();
+    let (probe, threshold) = plain.probe().expect("the default model has a probe");
+    let prompts = docent::server::startup::prompts(&config).unwrap();
+    let passage = "The second-floor printer is reserved for the finance team; everyone else \
+                   prints on the ground floor. The office opens at 8:00 and closes at 18:00.";
+    let blocks = [ContextBlock {
+        n: 1,
+        title: "Office guide",
+        source: "office-guide.md",
+        text: passage,
+    }];
+    for question in [
+        "Which team is the second-floor printer reserved for?",
+        "What is the password of the guest wifi?",
+    ] {
+        let prompt = prompts.render(question, &blocks).unwrap();
+        let want = probe
+            .score(
+                &plain
+                    .hidden_states(&prompt, &[probe.file.layer])
+                    .await
+                    .unwrap()
+                    .expect("states"),
+            )
+            .unwrap();
+        let mut stream = speculative
+            .stream(&prompt, &Params::greedy(4))
+            .await
+            .unwrap();
+        while let Some(event) = stream.next().await {
+            event.unwrap();
+        }
+        let judgement = stream.judgement().expect("a judgement");
+        let got = judgement
+            .signals
+            .probe
+            .expect("the probe's score with a draft model");
+        eprintln!("{question}: plain {want:.4}, speculative {got:.4}");
+        assert!((got - want).abs() < 0.02, "{got} vs {want}");
+        assert_eq!(judgement.refuse, got >= threshold);
+        assert_eq!(judgement.probability, got, "the probe decides");
+    }
+}

@@ -1057,6 +1057,15 @@ impl Sampler {
     /// Sample the provided tokens.
     ///
     /// If the temperature is `None`, argmax sampling is used. Otherwise, the selected sampling is used.
+    /// docent (vendor/PATCHES.md 21): the same sampler without the request's logits
+    /// processors, for a draft model's samples.
+    pub(crate) fn without_processors(&self) -> Self {
+        Self {
+            logits_processors: Vec::new(),
+            ..self.clone()
+        }
+    }
+
     /// With `top-p` sampling, if the `top-p` value is `<= 0.0` or `>= 1.0`, multinomial sampling is used.
     pub fn sample(
         &self,

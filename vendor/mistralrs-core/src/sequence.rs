@@ -879,6 +879,11 @@ impl Sequence {
         self.sampler.clone()
     }
 
+    /// docent (vendor/PATCHES.md 21): puts `sampler` in place and returns the one it replaces.
+    pub(crate) fn replace_sampler(&mut self, sampler: Arc<Sampler>) -> Arc<Sampler> {
+        std::mem::replace(&mut self.sampler, sampler)
+    }
+
     /// docent: this sequence may share decode steps with sequences of other lengths.
     pub fn set_ragged(&mut self, ragged: bool) {
         self.ragged = ragged;

@@ -573,6 +573,10 @@ impl Pipeline for SpeculativePipeline {
         // ======================= Run draft model gamma times producing tokens ============================
         // ======================= Sample the `gamma` logits. ============================
         let mut draft_samples = Vec::new();
+        // docent (vendor/PATCHES.md 21): drafts are sampled without the request's logits
+        // processors; they judge the target's distribution (the first step's refusal gate)
+        let drafting = Arc::new(seq.sampler().without_processors());
+        let request_sampler = seq.replace_sampler(drafting);
         for i in 0..gamma {
             let is_xlora = get_mut_arcmutex!(self.draft).get_metadata().is_xlora;
             let device = get_mut_arcmutex!(self.draft).device();
@@ -621,6 +625,7 @@ impl Pipeline for SpeculativePipeline {
             seq.add_tmp_tok(sample.token);
             draft_samples.push(SpeculativeSample { sample });
         }
+        seq.replace_sampler(request_sampler);
         seq.remove_tmp_tok(gamma);
 
         // ======================= Add all draft tokens but the last one. Add the last from the seq. ============================
@@ -699,7 +704,25 @@ impl Pipeline for SpeculativePipeline {
             .unwrap()
             .inputs;
 
-        let logits = get_mut_arcmutex!(self.target).forward_inputs(inputs, false)?;
+        // docent (vendor/PATCHES.md 21): a prompt whose logits processors read the hidden
+        // states keeps them in the target's pass; its first kept position is the prompt's
+        // last token (the draft tokens follow it)
+        let layers = super::hidden::wanted(std::slice::from_mut(seq)).filter(|_| is_prompt);
+        let capture = layers.is_some();
+        if capture {
+            get_mut_arcmutex!(self.target).set_hidden_capture(layers);
+        }
+        let logits = get_mut_arcmutex!(self.target).forward_inputs(inputs, false);
+        if capture {
+            let states = {
+                let mut target = get_mut_arcmutex!(self.target);
+                let states = target.take_hidden_states();
+                target.set_hidden_capture(None);
+                states
+            };
+            super::hidden::deliver(std::slice::from_mut(seq), &[0], &states)?;
+        }
+        let logits = logits?;
         #[allow(irrefutable_let_patterns)]
         let ForwardInputsResult::CausalGeneration { logits } = logits
         else {
