@@ -220,6 +220,10 @@ pub enum Command {
     /// prompt's last token, then the direction and its threshold on the dev split. Each step
     /// is kept in its file; with the committed files it reproduces the shipped probe.
     TrainRefusal(TrainRefusal),
+    /// Measure which signal finds the citations the model writes whose passage does not
+    /// hold the answer (the marker's hidden state, the support check, both), on the refusal
+    /// examples' retrieved passages, answered by the generation model.
+    TrainCitations(TrainCitations),
     /// Measure throughput against a limit and a peer (prints a table).
     #[command(subcommand)]
     Bench(Bench),
@@ -402,6 +406,28 @@ pub struct BenchArgs {
     #[arg(long)]
     pub no_peer: bool,
     /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `docent train-citations`' flags.
+#[derive(clap::Args)]
+pub struct TrainCitations {
+    #[arg(long, default_value = "training/refusal/questions.jsonl")]
+    pub questions: PathBuf,
+    /// encyclo-factoid's folder, for its dev half's answers ("" for none).
+    #[arg(long, default_value = "eval/encyclo-factoid")]
+    pub encyclo: PathBuf,
+    #[arg(long, default_value = "training/refusal/examples.jsonl")]
+    pub examples: PathBuf,
+    /// Tokens per answer.
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: usize,
+    /// Answer again (the answers and states are kept in ~/.cache/docent-models).
+    #[arg(long)]
+    pub extract: bool,
+    #[arg(long, default_value_t = crate::tools::train_refusal::DEFAULT_C)]
+    pub c: f64,
     #[arg(long)]
     pub json: bool,
 }

@@ -291,6 +291,18 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             print_report(&report, json)
         }
         Command::TrainRefusal(args) => train_refusal(&config, args).await,
+        Command::TrainCitations(a) => {
+            let settings = docent::tools::train_citations::Settings {
+                questions: a.questions,
+                encyclo: (!a.encyclo.as_os_str().is_empty()).then_some(a.encyclo),
+                examples: a.examples,
+                max_tokens: a.max_tokens,
+                extract: a.extract,
+                c: a.c,
+            };
+            let report = docent::tools::train_citations::run(&config, &settings).await?;
+            print_report(&report, a.json)
+        }
         Command::EvalPii { dataset, json } => {
             let report = docent::tools::eval::safety::run(&dataset)?;
             print_report(&report, json)

@@ -10,6 +10,7 @@ pub mod cpu_kernels;
 pub mod device;
 pub mod lookup;
 pub mod probe;
+pub mod steps;
 
 use serde::{Deserialize, Serialize};
 use std::num::NonZeroUsize;
@@ -433,6 +434,8 @@ pub struct Generator {
     load_ms: f64,
     /// The model's tokenizer, without special tokens.
     ids: Encoder,
+    /// Token ids back to text, special tokens left out (as answers are streamed).
+    text: Decoder,
     /// First tokens of the refusal phrase (`generation.refusal_phrase`), whose probability
     /// at an answer's first step is the model's judgement; empty when off.
     refusal_tokens: Vec<u32>,
@@ -457,6 +460,9 @@ pub struct Generator {
 
 /// Text to token ids with the model's tokenizer.
 type Encoder = Arc<dyn Fn(&str) -> Vec<u32> + Send + Sync>;
+
+/// Token ids to text with the model's tokenizer.
+type Decoder = Arc<dyn Fn(&[u32]) -> String + Send + Sync>;
 
 /// Where the weights come from.
 #[derive(Debug, Clone, PartialEq)]
@@ -908,11 +914,14 @@ impl Generator {
             "generation model loaded"
         );
 
-        let (encode, ids, context_tokens, has_template) = {
+        let (encode, ids, text, context_tokens, has_template) = {
             let p = pipeline.lock().await;
             let tokenizer = p
                 .tokenizer()
                 .ok_or_else(|| load_err("the model has no tokenizer".into()))?;
+            let decoding = tokenizer.clone();
+            let text: Decoder =
+                Arc::new(move |ids: &[u32]| decoding.decode(ids, true).unwrap_or_default());
             let ids: Encoder = Arc::new(move |text: &str| {
                 tokenizer
                     .encode(text, false)
@@ -932,7 +941,13 @@ impl Generator {
             let has_template = p
                 .get_chat_template()
                 .is_some_and(|t| t.chat_template.is_some());
-            (encode, ids, p.get_metadata().max_seq_len, has_template)
+            (
+                encode,
+                ids,
+                text,
+                p.get_metadata().max_seq_len,
+                has_template,
+            )
         };
         let runner = MistralRsBuilder::new(
             pipeline,
@@ -986,6 +1001,7 @@ impl Generator {
             counters: Arc::default(),
             load_ms,
             ids,
+            text,
             refusal_tokens,
             refusal_threshold: config.refusal_threshold,
             refusal_check,
@@ -1048,8 +1064,32 @@ impl Generator {
             sampling(params),
             false,
             Drafts::of(params),
+            None,
         )
         .await
+    }
+
+    /// [`Self::chat`] with `reader` reading the hidden states at every generated token
+    /// (no drafts: a verified draft has no states).
+    pub async fn chat_reading(
+        &self,
+        prompt: &Prompt,
+        params: &Params,
+        reader: Arc<steps::StepReader>,
+    ) -> Result<Generation, GenerateError> {
+        self.run(
+            messages(prompt),
+            sampling(params),
+            false,
+            Drafts::NONE,
+            Some(vec![reader]),
+        )
+        .await
+    }
+
+    /// Token ids back to text, as answers are streamed.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        (self.text)(ids)
     }
 
     /// Chat generation, token by token; the stream also gives the model's refusal
@@ -1203,6 +1243,33 @@ impl Generator {
         Ok(reader.states.lock().ok().and_then(|mut s| s.take()))
     }
 
+    /// The hidden states at the last of `tokens` (a raw completion's prefill: no template),
+    /// as [`Self::hidden_states`] reads them.
+    pub async fn token_states(
+        &self,
+        tokens: Vec<u32>,
+        layers: &[usize],
+    ) -> Result<Option<Vec<Vec<f32>>>, GenerateError> {
+        let reader = Arc::new(probe::StateReader {
+            layers: layers.to_vec(),
+            states: Default::default(),
+        });
+        match self
+            .request_once(
+                RequestMessage::CompletionTokens(tokens),
+                sampling(&Params::greedy(1)),
+                false,
+                Some(vec![reader.clone()]),
+                Drafts::NONE,
+            )
+            .await?
+        {
+            Response::CompletionDone(_) | Response::Done(_) => {}
+            other => return Err(response_error(other)),
+        }
+        Ok(reader.states.lock().ok().and_then(|mut s| s.take()))
+    }
+
     /// The refusal probe this generator decides with, and its threshold.
     pub fn probe(&self) -> Option<(&probe::Probe, f32)> {
         self.probe.as_ref().map(|(p, t)| (p.as_ref(), *t))
@@ -1294,6 +1361,7 @@ impl Generator {
             sampling,
             greedy,
             Drafts::of(params),
+            None,
         )
         .await
     }
@@ -1389,9 +1457,10 @@ impl Generator {
         sampling_params: SamplingParams,
         logprobs: bool,
         drafts: Drafts,
+        processors: Option<Vec<Arc<dyn mistralrs::CustomLogitsProcessor>>>,
     ) -> Result<Generation, GenerateError> {
         match self
-            .request_once(messages, sampling_params, logprobs, None, drafts)
+            .request_once(messages, sampling_params, logprobs, processors, drafts)
             .await?
         {
             Response::Done(r) => {

@@ -4,5 +4,6 @@
 pub mod bench;
 pub mod eval;
 pub mod models;
+pub mod train_citations;
 pub mod train_injection;
 pub mod train_refusal;

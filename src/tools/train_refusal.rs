@@ -178,11 +178,11 @@ impl std::fmt::Display for Report {
 }
 
 /// FNV-1a, for splits and fences that do not depend on anything but the id.
-fn fnv(text: &str) -> u64 {
+pub(crate) fn fnv(text: &str) -> u64 {
     fnv_bytes(text.as_bytes())
 }
 
-fn fnv_bytes(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv_bytes(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
         (h ^ b as u64).wrapping_mul(0x100000001b3)
     })
@@ -219,7 +219,7 @@ pub fn without_answer(text: &str, answers: &[String]) -> String {
     out
 }
 
-fn read_jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> anyhow::Result<Vec<T>> {
+pub(crate) fn read_jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> anyhow::Result<Vec<T>> {
     crate::tools::eval::jsonl(path)
 }
 
@@ -329,7 +329,7 @@ pub async fn build_examples(
 }
 
 /// The prompt the service would give the model for `e` (its fence fixed by the id).
-fn prompt_of(
+pub(crate) fn prompt_of(
     prompts: &crate::query::prompt::Prompts,
     spotlight: bool,
     e: &Example,
@@ -657,7 +657,7 @@ pub fn probe_text(file: &ProbeFile) -> anyhow::Result<String> {
 }
 
 /// Where every layer's states are kept between runs (outside the work tree: tens of MB).
-fn states_cache() -> PathBuf {
+pub(crate) fn states_cache() -> PathBuf {
     std::env::var_os("DOCENT_MODEL_CACHE")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)

@@ -4,6 +4,7 @@
 
 mod api;
 mod bench;
+mod citations;
 mod cli;
 mod crash;
 mod default_model;

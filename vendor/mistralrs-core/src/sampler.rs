@@ -272,6 +272,17 @@ pub trait CustomLogitsProcessor: Send + Sync {
     /// that gives the answer's first logits; called after each prompt chunk, so the last
     /// call, before the first token is sampled, holds the prompt's last token.
     fn observe_hidden_states(&self, _states: &[Vec<f32>]) {}
+
+    /// docent (vendor/PATCHES.md 22): whether this processor reads its layers at every
+    /// decode step too ([`Self::observe_decode_states`]).
+    fn hidden_states_in_decode(&self) -> bool {
+        false
+    }
+
+    /// docent: at a decode step, the same layers at the position of the step's input token
+    /// (the token sampled at the step before), before this step's token is sampled. A step
+    /// that verifies prompt-lookup drafts gives none.
+    fn observe_decode_states(&self, _states: &[Vec<f32>]) {}
 }
 
 impl<T: Fn(&Tensor, &[u32]) -> Result<Tensor> + Send + Sync> CustomLogitsProcessor for T {
@@ -391,20 +402,30 @@ fn argmax_f32(values: &[f32]) -> u32 {
 }
 
 impl Sampler {
-    /// docent: the layers whose prompt hidden states this sequence's logits processors read
-    /// (`None`: none; empty: every layer).
-    pub fn hidden_state_layers(&self) -> Option<Vec<usize>> {
-        merge_layers(self.logits_processors.iter().map(|p| p.hidden_state_layers()))
+    /// docent: the layers whose hidden states this sequence's logits processors read at a
+    /// prompt step, or at a decode step when `is_prompt` is false (`None`: none; empty:
+    /// every layer).
+    pub fn hidden_state_layers(&self, is_prompt: bool) -> Option<Vec<usize>> {
+        merge_layers(
+            self.logits_processors
+                .iter()
+                .filter(|p| is_prompt || p.hidden_states_in_decode())
+                .map(|p| p.hidden_state_layers()),
+        )
     }
 
-    /// docent: hands the prompt's last hidden states to the processors that read them.
-    pub fn observe_hidden_states(&self, states: &[Vec<f32>]) {
+    /// docent: hands a step's hidden states to the processors that read them.
+    pub fn observe_hidden_states(&self, states: &[Vec<f32>], is_prompt: bool) {
         for p in self
             .logits_processors
             .iter()
             .filter(|p| p.hidden_state_layers().is_some())
         {
-            p.observe_hidden_states(states);
+            if is_prompt {
+                p.observe_hidden_states(states);
+            } else if p.hidden_states_in_decode() {
+                p.observe_decode_states(states);
+            }
         }
     }
 

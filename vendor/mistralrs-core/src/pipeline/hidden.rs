@@ -1,13 +1,18 @@
 //! docent (vendor/PATCHES.md 20): the hidden states of a prompt's last token, kept by the
-//! model during the prefill, handed to the logits processors of the sequences that read them.
+//! model during the prefill, handed to the logits processors of the sequences that read them;
+//! with PATCHES.md 22, those of every decode step's input token too.
 
 use candle_core::{IndexOp, Result, Tensor};
 
 use crate::sequence::Sequence;
 
-/// The layers some sequence of the step asks for (`None`: none; empty: every layer).
-pub(crate) fn wanted(seqs: &mut [&mut Sequence]) -> Option<Vec<usize>> {
-    crate::sampler::merge_layers(seqs.iter_mut().map(|s| s.sampler().hidden_state_layers()))
+/// The layers some sequence of a prompt step (or a decode step) asks for (`None`: none;
+/// empty: every layer).
+pub(crate) fn wanted(seqs: &mut [&mut Sequence], is_prompt: bool) -> Option<Vec<usize>> {
+    crate::sampler::merge_layers(
+        seqs.iter_mut()
+            .map(|s| s.sampler().hidden_state_layers(is_prompt)),
+    )
 }
 
 /// `states` holds one (batch, hidden) tensor per layer (`None` for a layer not kept), rows
@@ -17,13 +22,14 @@ pub(crate) fn deliver(
     seqs: &mut [&mut Sequence],
     seq_indices: &[usize],
     states: &[Option<Tensor>],
+    is_prompt: bool,
 ) -> Result<()> {
     if states.is_empty() {
         return Ok(());
     }
     for (row, &seq) in seq_indices.iter().enumerate() {
         let sampler = seqs[seq].sampler();
-        if sampler.hidden_state_layers().is_none() {
+        if sampler.hidden_state_layers(is_prompt).is_none() {
             continue;
         }
         let layers = states
@@ -33,7 +39,7 @@ pub(crate) fn deliver(
                 None => Ok(Vec::new()),
             })
             .collect::<Result<Vec<_>>>()?;
-        sampler.observe_hidden_states(&layers);
+        sampler.observe_hidden_states(&layers, is_prompt);
     }
     Ok(())
 }

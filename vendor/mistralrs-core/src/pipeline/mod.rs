@@ -544,9 +544,9 @@ pub trait Pipeline:
                         }
                     }
 
-                    // docent: a prompt whose logits processors read the hidden states
-                    // keeps them in this same pass (vendor/PATCHES.md 20)
-                    let layers = hidden::wanted(input_seqs).filter(|_| is_prompt && draft.is_none());
+                    // docent: a step whose logits processors read the hidden states keeps
+                    // them in this same pass (vendor/PATCHES.md 20, 22)
+                    let layers = hidden::wanted(input_seqs, is_prompt).filter(|_| draft.is_none());
                     let capture = layers.is_some();
                     if capture {
                         self.set_hidden_capture(layers);
@@ -558,7 +558,7 @@ pub trait Pipeline:
                     if capture {
                         let states = self.take_hidden_states();
                         self.set_hidden_capture(None);
-                        hidden::deliver(input_seqs, &seq_indices, &states)?;
+                        hidden::deliver(input_seqs, &seq_indices, &states, is_prompt)?;
                     }
                     let raw_logits = raw_logits?;
 
@@ -817,9 +817,9 @@ pub trait Pipeline:
                         seq_indices,
                     } = inputs.map_err(candle_core::Error::msg)?;
 
-                    // docent: a prompt whose logits processors read the hidden states
-                    // keeps them in this same pass (vendor/PATCHES.md 20)
-                    let layers = hidden::wanted(input_seqs).filter(|_| is_prompt);
+                    // docent: a step whose logits processors read the hidden states keeps
+                    // them in this same pass (vendor/PATCHES.md 20, 22)
+                    let layers = hidden::wanted(input_seqs, is_prompt);
                     let capture = layers.is_some();
                     if capture {
                         self.set_hidden_capture(layers);
@@ -831,7 +831,7 @@ pub trait Pipeline:
                     if capture {
                         let states = self.take_hidden_states();
                         self.set_hidden_capture(None);
-                        hidden::deliver(input_seqs, &seq_indices, &states)?;
+                        hidden::deliver(input_seqs, &seq_indices, &states, is_prompt)?;
                     }
                     let raw_logits = raw_logits?;
 

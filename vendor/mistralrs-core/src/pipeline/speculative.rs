@@ -707,7 +707,7 @@ impl Pipeline for SpeculativePipeline {
         // docent (vendor/PATCHES.md 21): a prompt whose logits processors read the hidden
         // states keeps them in the target's pass; its first kept position is the prompt's
         // last token (the draft tokens follow it)
-        let layers = super::hidden::wanted(std::slice::from_mut(seq)).filter(|_| is_prompt);
+        let layers = super::hidden::wanted(std::slice::from_mut(seq), true).filter(|_| is_prompt);
         let capture = layers.is_some();
         if capture {
             get_mut_arcmutex!(self.target).set_hidden_capture(layers);
@@ -720,7 +720,7 @@ impl Pipeline for SpeculativePipeline {
                 target.set_hidden_capture(None);
                 states
             };
-            super::hidden::deliver(std::slice::from_mut(seq), &[0], &states)?;
+            super::hidden::deliver(std::slice::from_mut(seq), &[0], &states, true)?;
         }
         let logits = logits?;
         #[allow(irrefutable_let_patterns)]
