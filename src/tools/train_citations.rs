@@ -31,21 +31,36 @@ use crate::server::startup;
 use crate::tools::eval::{contains_answer, Dataset};
 use crate::tools::train_refusal::{self as refusal, Example, States};
 
-/// One citation marker the model wrote.
+/// One answer with what the sweep needs of it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Marker {
+pub struct Answer {
     /// The example's id (`<question>/retrieved`).
     pub example: String,
     pub split: String,
-    /// The cited passage (1-based).
-    pub n: usize,
-    /// Its passage holds a gold answer.
-    pub good: bool,
-    /// The support check's score of the claim sentence against the cited passage.
-    pub support: f32,
-    /// The passages of the example hold a gold answer (the question counts for coverage).
-    pub answerable: bool,
-    pub claim: String,
+    /// The model's text, as generated.
+    pub text: String,
+    /// Per passage: it holds a gold answer.
+    pub good_passages: Vec<bool>,
+    /// The refusal probe's score at the prompt (the service refuses at its threshold).
+    pub refusal: Option<f32>,
+    /// The markers the model wrote: (end offset in `text`, passage n, index of its states in
+    /// the states file, when the step gave them).
+    pub markers: Vec<(usize, usize, Option<usize>)>,
+    /// Per claim sentence of `text` ([`crate::query::postprocess::claims`]): the index of
+    /// the states at its last token before its markers (where the model decides to cite).
+    #[serde(default)]
+    pub claims: Vec<Option<usize>>,
+}
+
+impl Answer {
+    /// The passages hold a gold answer: the question counts for coverage.
+    pub fn answerable(&self) -> bool {
+        self.good_passages.iter().any(|&g| g)
+    }
+
+    fn good(&self, n: usize) -> bool {
+        n >= 1 && self.good_passages.get(n - 1).copied().unwrap_or(false)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -58,23 +73,31 @@ pub struct Settings {
     pub c: f64,
 }
 
-/// One signal's result on dev.
+/// One way of citing, measured on dev.
 #[derive(Debug, Clone, Serialize)]
 pub struct SignalRow {
-    pub signal: String,
-    pub auroc: f64,
-    /// (threshold on the probability of a bad citation, precision, coverage, citations kept)
-    pub curve: Vec<(f64, f64, f64, usize)>,
+    pub setting: String,
+    pub citations: usize,
+    pub precision: f64,
+    pub coverage: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub answers: usize,
-    pub markers: usize,
-    pub train: usize,
-    pub dev: usize,
-    pub dev_good: usize,
-    /// Dev questions whose passages hold the answer.
+    /// Answers with a marker the model wrote, and those markers (train, dev).
+    pub answers_with_markers: usize,
+    pub markers: (usize, usize),
+    /// Dev AUROC of the support check and of the best layer's state probe (layer), for
+    /// telling the model's markers whose passage lacks the answer.
+    pub support_auroc: f64,
+    pub probe_auroc: Option<(usize, f64)>,
+    /// Claim sentences with a state (train, dev), and the dev AUROC of the best layer's
+    /// claim probe (whether a sentence's best-supported passage lacks the answer).
+    pub claims: (usize, usize),
+    pub claim_probe_auroc: Option<(usize, f64)>,
+    /// Dev answers shown (not refused by the refusal probe), and of them answerable.
+    pub dev_shown: usize,
     pub dev_answerable: usize,
     pub rows: Vec<SignalRow>,
 }
@@ -99,8 +122,8 @@ fn golds(settings: &Settings) -> anyhow::Result<HashMap<String, Vec<String>>> {
     Ok(out)
 }
 
-/// The markers of `answer` with their end offsets and claim sentences, in order.
-fn markers_of(answer: &str) -> Vec<(usize, usize, String)> {
+/// The markers of `answer` with their end offsets, in order.
+fn markers_of(answer: &str) -> Vec<(usize, usize)> {
     let re = regex::Regex::new(r"\[(\d+)\]").expect("marker pattern");
     let mut out = Vec::new();
     for claim in crate::query::postprocess::claims(answer) {
@@ -109,31 +132,42 @@ fn markers_of(answer: &str) -> Vec<(usize, usize, String)> {
                 continue;
             };
             if claim.markers.contains(&n) {
-                out.push((claim.start + whole.end(), n, claim.text.clone()));
+                out.push((claim.start + whole.end(), n));
             }
         }
     }
     out
 }
 
-/// Step 1 and 2: every example answered, its markers with their states (every layer) and
-/// support.
+/// Where each claim of `answer` ends before its markers and trailing blanks.
+fn claim_ends(answer: &str) -> Vec<usize> {
+    let re = regex::Regex::new(r" ?\[\d+\]").expect("marker pattern");
+    crate::query::postprocess::claims(answer)
+        .iter()
+        .map(|c| {
+            let seg = &answer[c.start..c.end];
+            let body = re.find(seg).map_or(seg, |m| &seg[..m.start()]);
+            c.start + body.trim_end().len()
+        })
+        .collect()
+}
+
+/// Every example answered as the service would (greedy, the service's templates), with
+/// the states of every layer at each marker the model wrote and the refusal probe's score.
 async fn answer_all(
     config: &Config,
     generator: &Generator,
     examples: &[&Example],
     golds: &HashMap<String, Vec<String>>,
     max_tokens: usize,
-) -> anyhow::Result<(Vec<Marker>, States, usize)> {
+) -> anyhow::Result<(Vec<Answer>, States)> {
     let prompts = startup::prompts(config)?;
-    let embedder = startup::embedder(config)?;
     let bar = indicatif::ProgressBar::new(examples.len() as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} answers, {eta} left")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let (mut markers, mut values) = (Vec::new(), Vec::new());
-    let mut answers = 0;
+    let (mut answers, mut values) = (Vec::new(), Vec::new());
     for e in examples {
         bar.inc(1);
         let question = e.id.split('/').next().unwrap_or(&e.id);
@@ -143,88 +177,55 @@ async fn answer_all(
         let generation = generator
             .chat_reading(&prompt, &Params::greedy(max_tokens), reader.clone())
             .await?;
-        answers += 1;
-        let text = &generation.text;
-        let found = markers_of(text);
-        if found.is_empty() {
-            continue;
-        }
         let steps = reader.steps();
+        let found = markers_of(&generation.text);
         let ends: Vec<usize> = found.iter().map(|m| m.0).collect();
         let decode = |ids: &[u32]| generator.decode(ids);
+        let mut keep = |state: Option<&Vec<Vec<f32>>>| {
+            state.map(|s| {
+                values.push(s.clone());
+                values.len() - 1
+            })
+        };
         let states = steps::marker_states(&steps, &ends, &decode);
-        let claims: Vec<&str> = found.iter().map(|m| m.2.as_str()).collect();
-        let passages: Vec<&str> = e.passages.iter().map(|p| p.text.as_str()).collect();
-        let texts: Vec<&str> = claims.iter().chain(&passages).copied().collect();
-        let vectors = embedder.embed_dense(&texts)?;
-        let (cv, pv) = vectors.split_at(claims.len());
-        let answerable = e.passages.iter().any(|p| contains_answer(&p.text, &gold));
-        for (i, ((_, n, claim), state)) in found.iter().zip(states).enumerate() {
-            let (Some(state), Some(passage)) = (state, e.passages.get(n.wrapping_sub(1))) else {
-                continue;
-            };
-            let support = (crate::query::postprocess::lexical_support(claim, &passage.text)
-                + crate::query::embed::cosine(&cv[i], &pv[n - 1]))
-                / 2.0;
-            markers.push(Marker {
-                example: e.id.clone(),
-                split: e.split.clone(),
-                n: *n,
-                good: contains_answer(&passage.text, &gold),
-                support,
-                answerable,
-                claim: claim.clone(),
-            });
-            values.push(state.clone());
+        let mut markers = Vec::new();
+        for ((end, n), state) in found.into_iter().zip(states) {
+            markers.push((end, n, keep(state)));
         }
+        let claims: Vec<Option<usize>> =
+            steps::marker_states(&steps, &claim_ends(&generation.text), &decode)
+                .into_iter()
+                .map(&mut keep)
+                .collect();
+        let refusal = generator
+            .probe()
+            .zip(steps.prompt_states.as_ref())
+            .and_then(|((p, _), s)| p.score(s));
+        answers.push(Answer {
+            example: e.id.clone(),
+            split: e.split.clone(),
+            text: generation.text,
+            good_passages: e
+                .passages
+                .iter()
+                .map(|p| contains_answer(&p.text, &gold))
+                .collect(),
+            refusal,
+            markers,
+            claims,
+        });
     }
     bar.finish_and_clear();
     let layers = values.first().map_or(0, Vec::len);
     let hidden = values.first().and_then(|v| v.first()).map_or(0, Vec::len);
     Ok((
-        markers,
+        answers,
         States {
             layers: (0..layers).collect(),
             hidden,
             values,
         },
-        answers,
     ))
-}
-
-/// Precision and coverage of the dev markers kept (`p_bad` below `t`), and how many.
-fn decide(dev: &[(&Marker, f64)], answerable: &[&str], t: f64) -> (f64, f64, usize) {
-    let kept: Vec<&(&Marker, f64)> = dev.iter().filter(|(_, p)| *p < t).collect();
-    let good = kept.iter().filter(|(m, _)| m.good).count();
-    let covered = answerable
-        .iter()
-        .filter(|q| kept.iter().any(|(m, _)| m.good && m.example == **q))
-        .count();
-    (
-        if kept.is_empty() {
-            1.0
-        } else {
-            good as f64 / kept.len() as f64
-        },
-        covered as f64 / answerable.len().max(1) as f64,
-        kept.len(),
-    )
-}
-
-fn row(signal: String, dev: &[(&Marker, f64)], answerable: &[&str]) -> SignalRow {
-    let auroc = probe::auroc(&dev.iter().map(|(m, p)| (*p, !m.good)).collect::<Vec<_>>());
-    let curve = [0.3, 0.5, 0.7, 0.8, 0.9, 0.95, f64::INFINITY]
-        .iter()
-        .map(|&t| {
-            let (p, c, k) = decide(dev, answerable, t);
-            (t, p, c, k)
-        })
-        .collect();
-    SignalRow {
-        signal,
-        auroc,
-        curve,
-    }
 }
 
 fn sigmoid(x: f64) -> f64 {
@@ -243,114 +244,299 @@ fn apply(weights: &[f32], bias: f32, state: &[f32]) -> f64 {
     )
 }
 
-/// Step 3: every signal fitted on train, measured on dev.
-pub fn sweep(markers: &[Marker], states: &States, c: f64) -> Report {
-    let is_dev = |m: &Marker| m.split == "dev";
-    let mut answerable: Vec<&str> = markers
+/// Precision and coverage of citations per answer (`(n, good)` lists).
+fn score(setting: String, per_answer: &[(bool, Vec<bool>)]) -> SignalRow {
+    let citations: usize = per_answer.iter().map(|(_, c)| c.len()).sum();
+    let good: usize = per_answer
         .iter()
-        .filter(|m| is_dev(m) && m.answerable)
-        .map(|m| m.example.as_str())
-        .collect();
-    answerable.sort_unstable();
-    answerable.dedup();
-    let mut rows = Vec::new();
-    let dev_of = |score: &dyn Fn(usize) -> f64| -> Vec<(&Marker, f64)> {
-        markers
-            .iter()
-            .enumerate()
-            .filter(|(_, m)| is_dev(m))
-            .map(|(i, m)| (m, score(i)))
-            .collect()
-    };
-    rows.push(row(
-        "none (every marker kept)".into(),
-        &dev_of(&|_| 0.0),
-        &answerable,
-    ));
-    // the support check: its probability of a bad citation by a 1-D logistic fit on train
-    let train_support: Vec<(f64, bool)> = markers
+        .map(|(_, c)| c.iter().filter(|&&g| g).count())
+        .sum();
+    let answerable = per_answer.iter().filter(|(a, _)| *a).count();
+    let covered = per_answer
         .iter()
-        .filter(|m| !is_dev(m))
-        .map(|m| (m.support as f64, !m.good))
-        .collect();
-    let (a, b) = probe::logistic_1d(&train_support);
-    rows.push(row(
-        "support check (words + embedding)".into(),
-        &dev_of(&|i| sigmoid(a * markers[i].support as f64 + b)),
-        &answerable,
-    ));
-    let mut best: Option<(f64, usize)> = None;
-    for (li, &layer) in states.layers.iter().enumerate() {
-        let train: Vec<Labelled<'_>> = markers
+        .filter(|(a, c)| *a && c.iter().any(|&g| g))
+        .count();
+    SignalRow {
+        setting,
+        citations,
+        precision: good as f64 / citations.max(1) as f64,
+        coverage: covered as f64 / answerable.max(1) as f64,
+    }
+}
+
+/// Fits a logistic probe per layer on `train` (state index, bad) and returns the layer
+/// whose probe tells `dev` apart best: (layer position, dev AUROC, weights, bias).
+fn best_probe(
+    states: &States,
+    train: &[(usize, bool)],
+    dev: &[(usize, bool)],
+    c: f64,
+) -> Option<(usize, f64, Vec<f32>, f32)> {
+    let mut best: Option<(usize, f64, Vec<f32>, f32)> = None;
+    for li in 0..states.layers.len() {
+        let labelled: Vec<Labelled<'_>> = train
             .iter()
-            .zip(&states.values)
-            .filter(|(m, _)| !is_dev(m))
-            .map(|(m, v)| Labelled {
-                state: &v[li],
-                refuse: !m.good,
+            .map(|&(i, bad)| Labelled {
+                state: &states.values[i][li],
+                refuse: bad,
             })
             .collect();
-        let Some((w, bias)) = probe::fit_logistic(&train, c) else {
+        let Some((w, b)) = probe::fit_logistic(&labelled, c) else {
             continue;
         };
-        let r = row(
-            format!("state probe, layer {layer}"),
-            &dev_of(&|i| apply(&w, bias, &states.values[i][li])),
-            &answerable,
-        );
-        if best.is_none_or(|(a, _)| r.auroc > a) {
-            best = Some((r.auroc, li));
-        }
-        rows.push(r);
-    }
-    // both: the best layer's probe logit and the support, in one logistic regression
-    if let Some((_, li)) = best {
-        let train: Vec<Labelled<'_>> = markers
+        let scores: Vec<(f64, bool)> = dev
             .iter()
-            .zip(&states.values)
-            .filter(|(m, _)| !is_dev(m))
-            .map(|(m, v)| Labelled {
-                state: &v[li],
-                refuse: !m.good,
+            .map(|&(i, bad)| (apply(&w, b, &states.values[i][li]), bad))
+            .collect();
+        let auroc = probe::auroc(&scores);
+        if best.as_ref().is_none_or(|p| auroc > p.1) {
+            best = Some((li, auroc, w, b));
+        }
+    }
+    best
+}
+
+/// One answer ready for the attribution: its passages as hits, its normal-form text,
+/// claims, their support of each passage, and each claim's state index.
+struct Ready<'a> {
+    answer: &'a Answer,
+    hits: Vec<docent_ingest::store::Hit>,
+    text: String,
+    claims: Vec<crate::query::postprocess::Claim>,
+    support: Vec<Vec<f32>>,
+    claim_states: Vec<Option<usize>>,
+}
+
+impl Ready<'_> {
+    /// Claims worth attributing (two content words or more) with a state: (claim, state
+    /// index, its best-supported passage lacks the answer).
+    fn labelled(&self) -> Vec<(usize, usize, bool)> {
+        self.claims
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| crate::query::postprocess::content_word_count(&c.text) >= 2)
+            .filter_map(|(k, _)| {
+                let s = (*self.claim_states.get(k)?)?;
+                let best = self.support[k]
+                    .iter()
+                    .enumerate()
+                    .max_by(|x, y| x.1.total_cmp(y.1))?
+                    .0;
+                Some((k, s, !self.answer.good(best + 1)))
+            })
+            .collect()
+    }
+}
+
+/// Step 3: the signals fitted on train, the ways of citing measured on dev's answers that
+/// the service shows (not refused by the refusal probe at `refusal_threshold`).
+pub async fn sweep(
+    config: &Config,
+    examples: &[Example],
+    answers: &[Answer],
+    states: &States,
+    c: f64,
+    refusal_threshold: f32,
+) -> anyhow::Result<Report> {
+    use crate::query::postprocess::{self as post, Attribution};
+    let embedder = startup::embedder(config)?;
+    let is_dev = |a: &Answer| a.split == "dev";
+    let by_id: HashMap<&str, &Example> = examples.iter().map(|e| (e.id.as_str(), e)).collect();
+    // every answer with its claims' support (train fits the claim probe, dev is measured)
+    let mut ready = Vec::new();
+    for a in answers {
+        let Some(e) = by_id.get(a.example.as_str()) else {
+            continue;
+        };
+        let hits: Vec<docent_ingest::store::Hit> = e
+            .passages
+            .iter()
+            .enumerate()
+            .map(|(i, p)| docent_ingest::store::Hit {
+                payload: docent_ingest::store::ChunkPayload {
+                    document_id: format!("{}#{i}", e.id),
+                    source: p.source.clone(),
+                    title: p.title.clone(),
+                    text: p.text.clone(),
+                    ..Default::default()
+                },
+                score: 0.0,
             })
             .collect();
-        if let Some((w, bias)) = probe::fit_logistic(&train, c) {
-            let features: Vec<Vec<f32>> = markers
-                .iter()
-                .enumerate()
-                .map(|(i, m)| {
-                    let p = apply(&w, bias, &states.values[i][li]).clamp(1e-6, 1.0 - 1e-6);
-                    vec![(p / (1.0 - p)).ln() as f32, m.support]
+        let (text, _) = post::cite(&a.text, &hits);
+        let claims = post::claims(&text);
+        let claim_texts: Vec<&str> = claims.iter().map(|c| c.text.as_str()).collect();
+        let passages: Vec<&str> = hits.iter().map(|h| h.payload.text.as_str()).collect();
+        let texts: Vec<&str> = claim_texts.iter().chain(&passages).copied().collect();
+        let vectors = if claims.is_empty() {
+            Vec::new()
+        } else {
+            embedder.embed_dense(&texts)?
+        };
+        let (cv, pv) = vectors.split_at(claims.len().min(vectors.len()));
+        let support = post::support_matrix(&claims, cv, &passages, pv);
+        // the raw text's claims carry the states; normal form keeps the same sentences
+        let claim_states = if a.claims.len() == claims.len() {
+            a.claims.clone()
+        } else {
+            vec![None; claims.len()]
+        };
+        ready.push(Ready {
+            answer: a,
+            hits,
+            text,
+            claims,
+            support,
+            claim_states,
+        });
+    }
+    // the model's own markers: can their state tell a passage without the answer?
+    let marks = |dev: bool| -> Vec<(usize, bool)> {
+        answers
+            .iter()
+            .filter(|a| is_dev(a) == dev)
+            .flat_map(|a| a.markers.iter().filter_map(|&(_, n, s)| Some((s?, !a.good(n)))))
+            .collect()
+    };
+    let (train_marks, dev_marks) = (marks(false), marks(true));
+    let marker_probe = best_probe(states, &train_marks, &dev_marks, c);
+    let support_auroc = probe::auroc(
+        &ready
+            .iter()
+            .filter(|r| is_dev(r.answer))
+            .flat_map(|r| {
+                r.claims.iter().zip(&r.support).flat_map(move |(claim, row)| {
+                    claim.markers.iter().filter_map(move |&n| {
+                        Some((-(*row.get(n.wrapping_sub(1))? as f64), !r.answer.good(n)))
+                    })
                 })
-                .collect();
-            let train: Vec<Labelled<'_>> = markers
-                .iter()
-                .zip(&features)
-                .filter(|(m, _)| !is_dev(m))
-                .map(|(m, f)| Labelled {
-                    state: f,
-                    refuse: !m.good,
-                })
-                .collect();
-            if let Some((w2, b2)) = probe::fit_logistic(&train, 1.0) {
-                rows.push(row(
-                    format!("state probe (layer {}) + support check", states.layers[li]),
-                    &dev_of(&|i| apply(&w2, b2, &features[i])),
-                    &answerable,
-                ));
-            }
+            })
+            .collect::<Vec<_>>(),
+    );
+    // the claim probe: from the state where a sentence ends, is its best passage wrong?
+    let claims_of = |dev: bool| -> Vec<(usize, bool)> {
+        ready
+            .iter()
+            .filter(|r| is_dev(r.answer) == dev)
+            .flat_map(|r| r.labelled().into_iter().map(|(_, s, bad)| (s, bad)))
+            .collect()
+    };
+    let (train_claims, dev_claims) = (claims_of(false), claims_of(true));
+    let claim_probe = best_probe(states, &train_claims, &dev_claims, c);
+    // the dev answers the service shows
+    let shown: Vec<&Ready> = ready
+        .iter()
+        .filter(|r| is_dev(r.answer) && r.answer.refusal.is_none_or(|s| s < refusal_threshold))
+        .collect();
+    let configured = Attribution {
+        add_at: config.citations.add_at,
+        drop_below: config.citations.drop_below,
+        unsupported_below: 0.0,
+    };
+    // a claim the veto judges bad gets no citation: its support row is zeroed
+    let run = |a: Attribution, veto: &dyn Fn(&Ready, usize) -> bool| -> Vec<(bool, Vec<bool>)> {
+        shown
+            .iter()
+            .map(|r| {
+                let support: Vec<Vec<f32>> = r
+                    .support
+                    .iter()
+                    .enumerate()
+                    .map(|(k, row)| {
+                        if veto(r, k) {
+                            vec![0.0; row.len()]
+                        } else {
+                            row.clone()
+                        }
+                    })
+                    .collect();
+                let (_, cits) = post::attribute(&r.text, &r.claims, &support, &r.hits, a);
+                (
+                    r.answer.answerable(),
+                    cits.iter().map(|c| r.answer.good(c.n)).collect(),
+                )
+            })
+            .collect()
+    };
+    let never = |_: &Ready, _: usize| false;
+    let mut rows = Vec::new();
+    let model_only: Vec<(bool, Vec<bool>)> = shown
+        .iter()
+        .map(|r| {
+            let (_, cits) = post::cite(&r.answer.text, &r.hits);
+            (
+                r.answer.answerable(),
+                cits.iter().map(|c| r.answer.good(c.n)).collect(),
+            )
+        })
+        .collect();
+    rows.push(score("the model's markers only".into(), &model_only));
+    rows.push(score(
+        format!(
+            "support check as configured (add_at {}, drop_below {})",
+            configured.add_at, configured.drop_below
+        ),
+        &run(configured, &never),
+    ));
+    for &(add_at, drop_below) in &[(0.4, 0.3), (0.5, 0.1), (0.5, 0.4), (0.6, 0.1), (0.6, 0.5)] {
+        rows.push(score(
+            format!("support check, add_at {add_at}, drop_below {drop_below}"),
+            &run(
+                Attribution {
+                    add_at,
+                    drop_below,
+                    unsupported_below: 0.0,
+                },
+                &never,
+            ),
+        ));
+    }
+    if let Some((li, _, w, b)) = &marker_probe {
+        let veto = |r: &Ready, k: usize| {
+            let claim = &r.claims[k];
+            r.answer.markers.iter().any(|&(_, n, s)| {
+                claim.markers.contains(&n)
+                    && s.is_some_and(|s| apply(w, *b, &states.values[s][*li]) >= 0.5)
+            })
+        };
+        rows.push(score(
+            format!(
+                "as configured + the marker probe (layer {}) at 0.5",
+                states.layers[*li]
+            ),
+            &run(configured, &veto),
+        ));
+    }
+    if let Some((li, _, w, b)) = &claim_probe {
+        for t in [0.5, 0.6, 0.7, 0.8] {
+            let veto = |r: &Ready, k: usize| {
+                r.claim_states
+                    .get(k)
+                    .copied()
+                    .flatten()
+                    .is_some_and(|s| apply(w, *b, &states.values[s][*li]) >= t)
+            };
+            rows.push(score(
+                format!(
+                    "as configured + the claim probe (layer {}) at {t}",
+                    states.layers[*li]
+                ),
+                &run(configured, &veto),
+            ));
         }
     }
-    let dev: Vec<&Marker> = markers.iter().filter(|m| is_dev(m)).collect();
-    Report {
-        answers: 0,
-        markers: markers.len(),
-        train: markers.len() - dev.len(),
-        dev: dev.len(),
-        dev_good: dev.iter().filter(|m| m.good).count(),
-        dev_answerable: answerable.len(),
+    Ok(Report {
+        answers: answers.len(),
+        answers_with_markers: answers.iter().filter(|a| !a.markers.is_empty()).count(),
+        markers: (train_marks.len(), dev_marks.len()),
+        support_auroc,
+        probe_auroc: marker_probe.map(|p| (states.layers[p.0], p.1)),
+        claims: (train_claims.len(), dev_claims.len()),
+        claim_probe_auroc: claim_probe.map(|p| (states.layers[p.0], p.1)),
+        dev_shown: shown.len(),
+        dev_answerable: shown.iter().filter(|r| r.answer.answerable()).count(),
         rows,
-    }
+    })
 }
 
 /// Answers (from the cache unless `--extract`), then the sweep.
@@ -367,28 +553,26 @@ pub async fn run(config: &Config, settings: &Settings) -> anyhow::Result<Report>
     let key = refusal::fnv_bytes(&text) ^ settings.max_tokens as u64;
     let dir = refusal::states_cache();
     let states_path = dir.join(format!("{stem}-citations-{key:016x}.states"));
-    let markers_path = dir.join(format!("{stem}-citations-{key:016x}.jsonl"));
-    let (markers, states, answers) =
-        if settings.extract || !states_path.is_file() || !markers_path.is_file() {
-            let generator = Generator::load(&config.generation).await?;
+    let answers_path = dir.join(format!("{stem}-citations-{key:016x}.jsonl"));
+    let generator = Generator::load(&config.generation).await?;
+    let (answers, states) =
+        if settings.extract || !states_path.is_file() || !answers_path.is_file() {
             let golds = golds(settings)?;
-            let (markers, states, answers) =
+            let (answers, states) =
                 answer_all(config, &generator, &retrieved, &golds, settings.max_tokens).await?;
             let sha = probe::file_sha256(&crate::query::generate::catalog::resolve(
                 &config.generation.model,
             ))?;
             std::fs::create_dir_all(&dir)?;
             states.write(&states_path, &sha)?;
-            write_jsonl(&markers_path, &markers)?;
-            (markers, states, answers)
+            write_jsonl(&answers_path, &answers)?;
+            (answers, states)
         } else {
             let (states, _) = States::read(&states_path)?;
-            let markers: Vec<Marker> = refusal::read_jsonl(&markers_path)?;
-            (markers, states, retrieved.len())
+            (refusal::read_jsonl(&answers_path)?, states)
         };
-    let mut report = sweep(&markers, &states, settings.c);
-    report.answers = answers;
-    Ok(report)
+    let threshold = generator.probe().map_or(f32::INFINITY, |(_, t)| t);
+    sweep(config, &examples, &answers, &states, settings.c, threshold).await
 }
 
 fn write_jsonl<T: Serialize>(path: &Path, rows: &[T]) -> anyhow::Result<()> {
@@ -405,17 +589,47 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "{} answers, {} citation markers (train {}, dev {}: {} good); {} dev questions whose passages hold the answer",
-            self.answers, self.markers, self.train, self.dev, self.dev_good, self.dev_answerable
+            "{} answers, {} with a marker the model wrote ({} markers with states: train {}, dev {})",
+            self.answers,
+            self.answers_with_markers,
+            self.markers.0 + self.markers.1,
+            self.markers.0,
+            self.markers.1
         )?;
+        write!(
+            f,
+            "telling the model's dev markers whose passage lacks the answer: support check AUROC {:.3}",
+            self.support_auroc
+        )?;
+        match self.probe_auroc {
+            Some((layer, a)) => writeln!(f, ", marker state probe (best layer {layer}) {a:.3}")?,
+            None => writeln!(f, ", marker state probe: too few markers to fit")?,
+        }
+        write!(
+            f,
+            "claim sentences with a state: train {}, dev {}",
+            self.claims.0, self.claims.1
+        )?;
+        match self.claim_probe_auroc {
+            Some((layer, a)) => writeln!(f, "; claim probe (best layer {layer}) dev AUROC {a:.3}")?,
+            None => writeln!(f, "; claim probe: too few to fit")?,
+        }
+        writeln!(
+            f,
+            "dev answers shown (not refused): {}, of them answerable: {}",
+            self.dev_shown, self.dev_answerable
+        )?;
+        writeln!(f, "| setting | citations | precision | coverage |")?;
+        writeln!(f, "|---|---|---|---|")?;
         for r in &self.rows {
-            write!(f, "{:<44} dev AUROC {:.3} |", r.signal, r.auroc)?;
-            for (t, p, c, k) in &r.curve {
-                if t.is_finite() {
-                    write!(f, " <{t}: {:.1}/{:.1} ({k})", 100.0 * p, 100.0 * c)?;
-                }
-            }
-            writeln!(f)?;
+            writeln!(
+                f,
+                "| {} | {} | {:.1} % | {:.1} % |",
+                r.setting,
+                r.citations,
+                100.0 * r.precision,
+                100.0 * r.coverage
+            )?;
         }
         Ok(())
     }
@@ -426,37 +640,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn markers_are_found_with_their_claims_and_ends() {
+    fn markers_are_found_with_their_ends() {
         let a = "Cargo builds it [1]. It also tests it [2][3]. No marker here.";
         let m = markers_of(a);
-        assert_eq!(
-            m.iter().map(|x| x.1).collect::<Vec<_>>(),
-            vec![1, 2, 3],
-            "{m:?}"
-        );
+        assert_eq!(m.iter().map(|x| x.1).collect::<Vec<_>>(), vec![1, 2, 3], "{m:?}");
         assert_eq!(&a[..m[0].0], "Cargo builds it [1]");
         assert_eq!(&a[..m[2].0], "Cargo builds it [1]. It also tests it [2][3]");
-        assert!(m[1].2.contains("tests it"));
     }
 
     #[test]
-    fn dropping_below_a_threshold_trades_coverage_for_precision() {
-        let mk = |ex: &str, good: bool| Marker {
-            example: ex.into(),
-            split: "dev".into(),
-            n: 1,
-            good,
-            support: 0.0,
-            answerable: true,
-            claim: String::new(),
-        };
-        let (a, b, c) = (mk("q1", true), mk("q1", false), mk("q2", true));
-        let dev = vec![(&a, 0.1), (&b, 0.8), (&c, 0.6)];
+    fn a_claim_ends_before_its_markers() {
+        let a = "Cargo builds it [1]. It also tests it. Done [2]";
+        let ends: Vec<&str> = claim_ends(a).iter().map(|&e| &a[..e]).collect();
         assert_eq!(
-            decide(&dev, &["q1", "q2"], f64::INFINITY),
-            (2.0 / 3.0, 1.0, 3)
+            ends,
+            vec![
+                "Cargo builds it",
+                "Cargo builds it [1]. It also tests it.",
+                "Cargo builds it [1]. It also tests it. Done"
+            ]
         );
-        assert_eq!(decide(&dev, &["q1", "q2"], 0.7), (1.0, 1.0, 2));
-        assert_eq!(decide(&dev, &["q1", "q2"], 0.5), (1.0, 0.5, 1));
+    }
+
+    #[test]
+    fn precision_counts_citations_and_coverage_answerable_answers() {
+        let rows = vec![
+            (true, vec![true, false]),
+            (true, vec![]),
+            (false, vec![false]),
+        ];
+        let r = score("x".into(), &rows);
+        assert_eq!(r.citations, 3);
+        assert!((r.precision - 1.0 / 3.0).abs() < 1e-9);
+        assert!((r.coverage - 0.5).abs() < 1e-9);
     }
 }

@@ -33,6 +33,8 @@ pub struct Steps {
     pub states: Vec<TokenStates>,
     /// The generated ids, up to the last one a step read.
     pub ids: Vec<u32>,
+    /// The states at the prompt's last token (the prefill's), at the same layers.
+    pub prompt_states: TokenStates,
 }
 
 impl StepReader {
@@ -80,17 +82,30 @@ impl mistralrs::CustomLogitsProcessor for StepReader {
         true
     }
 
+    fn observe_hidden_states(&self, states: &[Vec<f32>]) {
+        let kept = self.kept(states);
+        if let Ok(mut s) = self.steps.lock() {
+            s.prompt_states = Some(kept);
+        }
+    }
+
     fn observe_decode_states(&self, states: &[Vec<f32>]) {
-        let kept: Vec<Vec<f32>> = if self.layers.is_empty() {
+        let kept = self.kept(states);
+        if let Ok(mut s) = self.steps.lock() {
+            s.pending = Some(kept);
+        }
+    }
+}
+
+impl StepReader {
+    fn kept(&self, states: &[Vec<f32>]) -> Vec<Vec<f32>> {
+        if self.layers.is_empty() {
             states.to_vec()
         } else {
             self.layers
                 .iter()
                 .map(|&l| states.get(l).cloned().unwrap_or_default())
                 .collect()
-        };
-        if let Ok(mut s) = self.steps.lock() {
-            s.pending = Some(kept);
         }
     }
 }
