@@ -395,7 +395,11 @@ pub async fn sweep(
         answers
             .iter()
             .filter(|a| is_dev(a) == dev)
-            .flat_map(|a| a.markers.iter().filter_map(|&(_, n, s)| Some((s?, !a.good(n)))))
+            .flat_map(|a| {
+                a.markers
+                    .iter()
+                    .filter_map(|&(_, n, s)| Some((s?, !a.good(n))))
+            })
             .collect()
     };
     let (train_marks, dev_marks) = (marks(false), marks(true));
@@ -405,11 +409,14 @@ pub async fn sweep(
             .iter()
             .filter(|r| is_dev(r.answer))
             .flat_map(|r| {
-                r.claims.iter().zip(&r.support).flat_map(move |(claim, row)| {
-                    claim.markers.iter().filter_map(move |&n| {
-                        Some((-(*row.get(n.wrapping_sub(1))? as f64), !r.answer.good(n)))
+                r.claims
+                    .iter()
+                    .zip(&r.support)
+                    .flat_map(move |(claim, row)| {
+                        claim.markers.iter().filter_map(move |&n| {
+                            Some((-(*row.get(n.wrapping_sub(1))? as f64), !r.answer.good(n)))
+                        })
                     })
-                })
             })
             .collect::<Vec<_>>(),
     );
@@ -555,22 +562,22 @@ pub async fn run(config: &Config, settings: &Settings) -> anyhow::Result<Report>
     let states_path = dir.join(format!("{stem}-citations-{key:016x}.states"));
     let answers_path = dir.join(format!("{stem}-citations-{key:016x}.jsonl"));
     let generator = Generator::load(&config.generation).await?;
-    let (answers, states) =
-        if settings.extract || !states_path.is_file() || !answers_path.is_file() {
-            let golds = golds(settings)?;
-            let (answers, states) =
-                answer_all(config, &generator, &retrieved, &golds, settings.max_tokens).await?;
-            let sha = probe::file_sha256(&crate::query::generate::catalog::resolve(
-                &config.generation.model,
-            ))?;
-            std::fs::create_dir_all(&dir)?;
-            states.write(&states_path, &sha)?;
-            write_jsonl(&answers_path, &answers)?;
-            (answers, states)
-        } else {
-            let (states, _) = States::read(&states_path)?;
-            (refusal::read_jsonl(&answers_path)?, states)
-        };
+    let (answers, states) = if settings.extract || !states_path.is_file() || !answers_path.is_file()
+    {
+        let golds = golds(settings)?;
+        let (answers, states) =
+            answer_all(config, &generator, &retrieved, &golds, settings.max_tokens).await?;
+        let sha = probe::file_sha256(&crate::query::generate::catalog::resolve(
+            &config.generation.model,
+        ))?;
+        std::fs::create_dir_all(&dir)?;
+        states.write(&states_path, &sha)?;
+        write_jsonl(&answers_path, &answers)?;
+        (answers, states)
+    } else {
+        let (states, _) = States::read(&states_path)?;
+        (refusal::read_jsonl(&answers_path)?, states)
+    };
     let threshold = generator.probe().map_or(f32::INFINITY, |(_, t)| t);
     sweep(config, &examples, &answers, &states, settings.c, threshold).await
 }
@@ -643,7 +650,11 @@ mod tests {
     fn markers_are_found_with_their_ends() {
         let a = "Cargo builds it [1]. It also tests it [2][3]. No marker here.";
         let m = markers_of(a);
-        assert_eq!(m.iter().map(|x| x.1).collect::<Vec<_>>(), vec![1, 2, 3], "{m:?}");
+        assert_eq!(
+            m.iter().map(|x| x.1).collect::<Vec<_>>(),
+            vec![1, 2, 3],
+            "{m:?}"
+        );
         assert_eq!(&a[..m[0].0], "Cargo builds it [1]");
         assert_eq!(&a[..m[2].0], "Cargo builds it [1]. It also tests it [2][3]");
     }
