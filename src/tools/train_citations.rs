@@ -266,12 +266,7 @@ fn score(setting: String, per_answer: &[(bool, Vec<bool>)]) -> SignalRow {
 
 /// Fits a logistic probe per layer on `train` (state index, bad) and returns the layer
 /// whose probe tells `dev` apart best: (layer position, dev AUROC, weights, bias).
-fn best_probe(
-    states: &States,
-    train: &[(usize, bool)],
-    dev: &[(usize, bool)],
-    c: f64,
-) -> Option<(usize, f64, Vec<f32>, f32)> {
+fn best_probe(states: &States, train: &[(usize, bool)], dev: &[(usize, bool)], c: f64) -> Fitted {
     let mut best: Option<(usize, f64, Vec<f32>, f32)> = None;
     for li in 0..states.layers.len() {
         let labelled: Vec<Labelled<'_>> = train
@@ -328,26 +323,14 @@ impl Ready<'_> {
     }
 }
 
-/// Step 3: the signals fitted on train, the ways of citing measured on dev's answers that
-/// the service shows (not refused by the refusal probe at `refusal_threshold`).
-pub async fn sweep(
-    config: &Config,
-    examples: &[Example],
-    answers: &[Answer],
-    states: &States,
-    c: f64,
-    refusal_threshold: f32,
-) -> anyhow::Result<Report> {
-    use crate::query::postprocess::{self as post, Attribution};
-    let embedder = startup::embedder(config)?;
-    let is_dev = |a: &Answer| a.split == "dev";
-    let by_id: HashMap<&str, &Example> = examples.iter().map(|e| (e.id.as_str(), e)).collect();
-    // every answer with its claims' support (train fits the claim probe, dev is measured)
-    let mut ready = Vec::new();
-    for a in answers {
-        let Some(e) = by_id.get(a.example.as_str()) else {
-            continue;
-        };
+impl<'a> Ready<'a> {
+    /// `a` (an answer to `e`) with its passages as hits and its claims' support.
+    fn of(
+        embedder: &docent_ingest::embed::Embedder,
+        e: &Example,
+        a: &'a Answer,
+    ) -> anyhow::Result<Ready<'a>> {
+        use crate::query::postprocess as post;
         let hits: Vec<docent_ingest::store::Hit> = e
             .passages
             .iter()
@@ -381,96 +364,75 @@ pub async fn sweep(
         } else {
             vec![None; claims.len()]
         };
-        ready.push(Ready {
+        Ok(Ready {
             answer: a,
             hits,
             text,
             claims,
             support,
             claim_states,
-        });
+        })
     }
-    // the model's own markers: can their state tell a passage without the answer?
-    let marks = |dev: bool| -> Vec<(usize, bool)> {
-        answers
-            .iter()
-            .filter(|a| is_dev(a) == dev)
-            .flat_map(|a| {
-                a.markers
-                    .iter()
-                    .filter_map(|&(_, n, s)| Some((s?, !a.good(n))))
-            })
-            .collect()
-    };
-    let (train_marks, dev_marks) = (marks(false), marks(true));
-    let marker_probe = best_probe(states, &train_marks, &dev_marks, c);
-    let support_auroc = probe::auroc(
-        &ready
-            .iter()
-            .filter(|r| is_dev(r.answer))
-            .flat_map(|r| {
-                r.claims
-                    .iter()
-                    .zip(&r.support)
-                    .flat_map(move |(claim, row)| {
-                        claim.markers.iter().filter_map(move |&n| {
-                            Some((-(*row.get(n.wrapping_sub(1))? as f64), !r.answer.good(n)))
-                        })
-                    })
-            })
-            .collect::<Vec<_>>(),
-    );
-    // the claim probe: from the state where a sentence ends, is its best passage wrong?
-    let claims_of = |dev: bool| -> Vec<(usize, bool)> {
-        ready
-            .iter()
-            .filter(|r| is_dev(r.answer) == dev)
-            .flat_map(|r| r.labelled().into_iter().map(|(_, s, bad)| (s, bad)))
-            .collect()
-    };
-    let (train_claims, dev_claims) = (claims_of(false), claims_of(true));
-    let claim_probe = best_probe(states, &train_claims, &dev_claims, c);
-    // the dev answers the service shows
-    let shown: Vec<&Ready> = ready
+}
+
+/// The citations the answer path gives each of `shown` with attribution `a` (per answer:
+/// answerable, and whether each citation is good); a claim `veto` judges bad gets none (its
+/// support row is zeroed).
+fn attribute_all(
+    shown: &[&Ready],
+    a: crate::query::postprocess::Attribution,
+    veto: &dyn Fn(&Ready, usize) -> bool,
+) -> Vec<(bool, Vec<bool>)> {
+    shown
         .iter()
-        .filter(|r| is_dev(r.answer) && r.answer.refusal.is_none_or(|s| s < refusal_threshold))
-        .collect();
+        .map(|r| {
+            let support: Vec<Vec<f32>> = r
+                .support
+                .iter()
+                .enumerate()
+                .map(|(k, row)| {
+                    if veto(r, k) {
+                        vec![0.0; row.len()]
+                    } else {
+                        row.clone()
+                    }
+                })
+                .collect();
+            let (_, cits) =
+                crate::query::postprocess::attribute(&r.text, &r.claims, &support, &r.hits, a);
+            (
+                r.answer.answerable(),
+                cits.iter().map(|c| r.answer.good(c.n)).collect(),
+            )
+        })
+        .collect()
+}
+
+/// A fitted probe: (layer position, dev AUROC, weights, bias).
+type Fitted = Option<(usize, f64, Vec<f32>, f32)>;
+
+/// The ways of citing measured on `shown`: the model's markers, the support check at
+/// several settings, and each probe's veto on top of the configured support check.
+fn citation_rows(
+    config: &Config,
+    shown: &[&Ready],
+    states: &States,
+    marker_probe: &Fitted,
+    claim_probe: &Fitted,
+) -> Vec<SignalRow> {
+    use crate::query::postprocess::Attribution;
     let configured = Attribution {
         add_at: config.citations.add_at,
         drop_below: config.citations.drop_below,
         unsupported_below: 0.0,
     };
-    // a claim the veto judges bad gets no citation: its support row is zeroed
-    let run = |a: Attribution, veto: &dyn Fn(&Ready, usize) -> bool| -> Vec<(bool, Vec<bool>)> {
-        shown
-            .iter()
-            .map(|r| {
-                let support: Vec<Vec<f32>> = r
-                    .support
-                    .iter()
-                    .enumerate()
-                    .map(|(k, row)| {
-                        if veto(r, k) {
-                            vec![0.0; row.len()]
-                        } else {
-                            row.clone()
-                        }
-                    })
-                    .collect();
-                let (_, cits) = post::attribute(&r.text, &r.claims, &support, &r.hits, a);
-                (
-                    r.answer.answerable(),
-                    cits.iter().map(|c| r.answer.good(c.n)).collect(),
-                )
-            })
-            .collect()
-    };
+    let run = |a: Attribution, veto: &dyn Fn(&Ready, usize) -> bool| attribute_all(shown, a, veto);
     let never = |_: &Ready, _: usize| false;
     let mut rows = Vec::new();
     let model_only: Vec<(bool, Vec<bool>)> = shown
         .iter()
         .map(|r| {
-            let (_, cits) = post::cite(&r.answer.text, &r.hits);
+            let (_, cits) = crate::query::postprocess::cite(&r.answer.text, &r.hits);
             (
                 r.answer.answerable(),
                 cits.iter().map(|c| r.answer.good(c.n)).collect(),
@@ -532,6 +494,75 @@ pub async fn sweep(
             ));
         }
     }
+    rows
+}
+
+/// Step 3: the signals fitted on train, the ways of citing measured on dev's answers that
+/// the service shows (not refused by the refusal probe at `refusal_threshold`).
+pub async fn sweep(
+    config: &Config,
+    examples: &[Example],
+    answers: &[Answer],
+    states: &States,
+    c: f64,
+    refusal_threshold: f32,
+) -> anyhow::Result<Report> {
+    let embedder = startup::embedder(config)?;
+    let is_dev = |a: &Answer| a.split == "dev";
+    let by_id: HashMap<&str, &Example> = examples.iter().map(|e| (e.id.as_str(), e)).collect();
+    // every answer with its claims' support (train fits the claim probe, dev is measured)
+    let mut ready = Vec::new();
+    for a in answers {
+        if let Some(e) = by_id.get(a.example.as_str()) {
+            ready.push(Ready::of(&embedder, e, a)?);
+        }
+    }
+    // the model's own markers: can their state tell a passage without the answer?
+    let marks = |dev: bool| -> Vec<(usize, bool)> {
+        answers
+            .iter()
+            .filter(|a| is_dev(a) == dev)
+            .flat_map(|a| {
+                a.markers
+                    .iter()
+                    .filter_map(|&(_, n, s)| Some((s?, !a.good(n))))
+            })
+            .collect()
+    };
+    let (train_marks, dev_marks) = (marks(false), marks(true));
+    let marker_probe = best_probe(states, &train_marks, &dev_marks, c);
+    let support_auroc = probe::auroc(
+        &ready
+            .iter()
+            .filter(|r| is_dev(r.answer))
+            .flat_map(|r| {
+                r.claims
+                    .iter()
+                    .zip(&r.support)
+                    .flat_map(move |(claim, row)| {
+                        claim.markers.iter().filter_map(move |&n| {
+                            Some((-(*row.get(n.wrapping_sub(1))? as f64), !r.answer.good(n)))
+                        })
+                    })
+            })
+            .collect::<Vec<_>>(),
+    );
+    // the claim probe: from the state where a sentence ends, is its best passage wrong?
+    let claims_of = |dev: bool| -> Vec<(usize, bool)> {
+        ready
+            .iter()
+            .filter(|r| is_dev(r.answer) == dev)
+            .flat_map(|r| r.labelled().into_iter().map(|(_, s, bad)| (s, bad)))
+            .collect()
+    };
+    let (train_claims, dev_claims) = (claims_of(false), claims_of(true));
+    let claim_probe = best_probe(states, &train_claims, &dev_claims, c);
+    // the dev answers the service shows
+    let shown: Vec<&Ready> = ready
+        .iter()
+        .filter(|r| is_dev(r.answer) && r.answer.refusal.is_none_or(|s| s < refusal_threshold))
+        .collect();
+    let rows = citation_rows(config, &shown, states, &marker_probe, &claim_probe);
     Ok(Report {
         answers: answers.len(),
         answers_with_markers: answers.iter().filter(|a| !a.markers.is_empty()).count(),
