@@ -1197,7 +1197,7 @@ impl Generator {
             no: self.no_tokens.clone(),
             probability: probability.clone(),
         };
-        self.one_step(asked, Arc::new(reader)).await?;
+        self.one_step(messages(asked), Arc::new(reader)).await?;
         probability
             .get()
             .copied()
@@ -1208,12 +1208,12 @@ impl Generator {
     /// what it needs: the step's logits, the prompt's hidden states).
     async fn one_step(
         &self,
-        prompt: &Prompt,
+        messages: RequestMessage,
         reader: Arc<dyn mistralrs::CustomLogitsProcessor>,
     ) -> Result<(), GenerateError> {
         let response = self
             .request_once(
-                messages(prompt),
+                messages,
                 sampling(&Params::greedy(1)),
                 false,
                 Some(vec![reader]),
@@ -1221,7 +1221,7 @@ impl Generator {
             )
             .await?;
         match response {
-            Response::Done(_) => Ok(()),
+            Response::Done(_) | Response::CompletionDone(_) => Ok(()),
             other => Err(response_error(other)),
         }
     }
@@ -1239,7 +1239,7 @@ impl Generator {
             layers: layers.to_vec(),
             states: Default::default(),
         });
-        self.one_step(prompt, reader.clone()).await?;
+        self.one_step(messages(prompt), reader.clone()).await?;
         Ok(reader.states.lock().ok().and_then(|mut s| s.take()))
     }
 
@@ -1254,19 +1254,8 @@ impl Generator {
             layers: layers.to_vec(),
             states: Default::default(),
         });
-        match self
-            .request_once(
-                RequestMessage::CompletionTokens(tokens),
-                sampling(&Params::greedy(1)),
-                false,
-                Some(vec![reader.clone()]),
-                Drafts::NONE,
-            )
-            .await?
-        {
-            Response::CompletionDone(_) | Response::Done(_) => {}
-            other => return Err(response_error(other)),
-        }
+        self.one_step(RequestMessage::CompletionTokens(tokens), reader.clone())
+            .await?;
         Ok(reader.states.lock().ok().and_then(|mut s| s.take()))
     }
 

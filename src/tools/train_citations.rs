@@ -104,14 +104,8 @@ pub struct Report {
 
 /// Gold answers by question id: our questions' and encyclo-factoid's.
 fn golds(settings: &Settings) -> anyhow::Result<HashMap<String, Vec<String>>> {
-    #[derive(Deserialize)]
-    struct Q {
-        id: String,
-        #[serde(default)]
-        answer: Option<String>,
-    }
     let mut out: HashMap<String, Vec<String>> = HashMap::new();
-    for q in refusal::read_jsonl::<Q>(&settings.questions)? {
+    for q in refusal::read_jsonl::<refusal::Question>(&settings.questions)? {
         out.insert(q.id, q.answer.into_iter().collect());
     }
     if let Some(dir) = &settings.encyclo {
@@ -228,13 +222,9 @@ async fn answer_all(
     ))
 }
 
-fn sigmoid(x: f64) -> f64 {
-    1.0 / (1.0 + (-x).exp())
-}
-
 /// A probe's probability of a bad citation for `state`.
 fn apply(weights: &[f32], bias: f32, state: &[f32]) -> f64 {
-    sigmoid(
+    probe::sigmoid(
         state
             .iter()
             .zip(weights)

@@ -39,13 +39,13 @@ pub const DEFAULT_LAYER: usize = 16;
 
 /// One question of `training/refusal/questions.jsonl`.
 #[derive(Debug, Clone, Deserialize)]
-struct Question {
-    id: String,
+pub(crate) struct Question {
+    pub(crate) id: String,
     corpus: String,
     text: String,
     answerable: bool,
     #[serde(default)]
-    answer: Option<String>,
+    pub(crate) answer: Option<String>,
 }
 
 /// One passage of an example's prompt.

@@ -11,24 +11,14 @@ use crate::helpers::default_model;
 async fn each_generated_tokens_state_is_the_prefills_state_at_that_position() {
     use docent::query::generate::steps::{marker_states, StepReader};
     use docent::query::generate::{Generator, Params};
-    use docent::query::prompt::ContextBlock;
     let mut config = crate::helpers::config(&std::env::temp_dir());
     config.generation.model = default_model();
     config.generation.prefix_cache = false;
     let generator = Generator::load(&config.generation).await.unwrap();
     let prompts = docent::server::startup::prompts(&config).unwrap();
-    let blocks = [ContextBlock {
-        n: 1,
-        title: "Office guide",
-        source: "office-guide.md",
-        text: "The second-floor printer is reserved for the finance team; everyone else \
-               prints on the ground floor. The office opens at 8:00 and closes at 18:00.",
-    }];
+    let blocks = crate::helpers::office_guide();
     let prompt = prompts
-        .render(
-            "Which team is the second-floor printer reserved for?",
-            &blocks,
-        )
+        .render(crate::helpers::OFFICE_ANSWERED, &blocks)
         .unwrap();
     let layer = 16;
     let reader = std::sync::Arc::new(StepReader::new(vec![layer]));

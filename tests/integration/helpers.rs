@@ -352,3 +352,18 @@ pub async fn streamed_refusal(
         .expect("a done event");
     serde_json::from_str(done.trim()).unwrap()
 }
+
+/// A one-passage context (an office guide) that answers [`OFFICE_ANSWERED`] and not
+/// [`OFFICE_NOT_ANSWERED`].
+pub fn office_guide() -> [docent::query::prompt::ContextBlock<'static>; 1] {
+    [docent::query::prompt::ContextBlock {
+        n: 1,
+        title: "Office guide",
+        source: "office-guide.md",
+        text: "The second-floor printer is reserved for the finance team; everyone else \
+               prints on the ground floor. The office opens at 8:00 and closes at 18:00.",
+    }]
+}
+
+pub const OFFICE_ANSWERED: &str = "Which team is the second-floor printer reserved for?";
+pub const OFFICE_NOT_ANSWERED: &str = "What is the password of the guest wifi?";

@@ -134,7 +134,6 @@ async fn a_refusal_by_the_probe_streams_no_answer_token() {
 /// (the real model's states, read in the prefill).
 #[tokio::test]
 async fn the_probe_score_moves_the_right_way_on_a_fixed_pair() {
-    use docent::query::prompt::ContextBlock;
     let mut config = crate::helpers::config(&std::env::temp_dir());
     config.generation.model = default_model();
     let generator = docent::query::generate::Generator::load(&config.generation)
@@ -142,14 +141,7 @@ async fn the_probe_score_moves_the_right_way_on_a_fixed_pair() {
         .expect("the default model");
     let (probe, threshold) = generator.probe().expect("the default model has a probe");
     let prompts = docent::server::startup::prompts(&config).unwrap();
-    let passage = "The second-floor printer is reserved for the finance team; everyone else \
-                   prints on the ground floor. The office opens at 8:00 and closes at 18:00.";
-    let blocks = [ContextBlock {
-        n: 1,
-        title: "Office guide",
-        source: "office-guide.md",
-        text: passage,
-    }];
+    let blocks = crate::helpers::office_guide();
     let score = |question: &str| {
         let prompt = prompts.render(question, &blocks).unwrap();
         let g = &generator;
@@ -163,8 +155,8 @@ async fn the_probe_score_moves_the_right_way_on_a_fixed_pair() {
             probe.score(&states).expect("a score")
         }
     };
-    let answered = score("Which team is the second-floor printer reserved for?").await;
-    let not_answered = score("What is the password of the guest wifi?").await;
+    let answered = score(crate::helpers::OFFICE_ANSWERED).await;
+    let not_answered = score(crate::helpers::OFFICE_NOT_ANSWERED).await;
     eprintln!("answered {answered:.3}, not answered {not_answered:.3}, threshold {threshold}");
     assert!(answered < not_answered, "{answered} vs {not_answered}");
     assert!(answered < threshold && not_answered >= threshold);
@@ -256,7 +248,6 @@ async fn the_committed_states_are_the_models_own() {
 #[tokio::test]
 async fn a_speculative_answer_reads_the_probe_from_its_target() {
     use docent::query::generate::{Generator, Params};
-    use docent::query::prompt::ContextBlock;
     let mut config = crate::helpers::config(&std::env::temp_dir());
     config.generation.model = default_model();
     config.generation.prefix_cache = false;
@@ -268,17 +259,10 @@ async fn a_speculative_answer_reads_the_probe_from_its_target() {
     let speculative = Generator::load(&config.generation).await.unwrap();
     let (probe, threshold) = plain.probe().expect("the default model has a probe");
     let prompts = docent::server::startup::prompts(&config).unwrap();
-    let passage = "The second-floor printer is reserved for the finance team; everyone else \
-                   prints on the ground floor. The office opens at 8:00 and closes at 18:00.";
-    let blocks = [ContextBlock {
-        n: 1,
-        title: "Office guide",
-        source: "office-guide.md",
-        text: passage,
-    }];
+    let blocks = crate::helpers::office_guide();
     for question in [
-        "Which team is the second-floor printer reserved for?",
-        "What is the password of the guest wifi?",
+        crate::helpers::OFFICE_ANSWERED,
+        crate::helpers::OFFICE_NOT_ANSWERED,
     ] {
         let prompt = prompts.render(question, &blocks).unwrap();
         let want = probe

@@ -171,7 +171,8 @@ impl Probe {
     }
 }
 
-fn sigmoid(x: f64) -> f64 {
+/// The logistic function.
+pub fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
 
