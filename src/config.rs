@@ -588,6 +588,8 @@ impl Default for Config {
                 repack: true,
                 continuous_batching: true,
                 prefill_chunk_tokens: default_prefill_chunk(),
+                passage_reuse: Default::default(),
+                passage_cache_mib: crate::query::generate::default_passage_cache_mib(),
                 schedule: Default::default(),
                 max_queue: default_max_queue(),
                 cache_size: crate::query::generate::default_cache_size(),
@@ -978,6 +980,20 @@ impl Config {
                     self.generation.prefill_chunk_tokens
                 ),
             );
+        }
+        if self.generation.passage_reuse != crate::query::generate::reuse::PassageReuse::Off {
+            if !self.generation.continuous_batching || self.generation.draft.is_some() {
+                return invalid(
+                    "generation.passage_reuse",
+                    "needs generation.continuous_batching = true and no generation.draft (passages are placed by the chunked prefill of continuous batching); set it to \"off\" or turn continuous batching on".to_string(),
+                );
+            }
+            if self.generation.passage_cache_mib == 0 {
+                return invalid(
+                    "generation.passage_cache_mib",
+                    "must be at least 1 with generation.passage_reuse on".to_string(),
+                );
+            }
         }
         if self.generation.threads > 1024 {
             return invalid(

@@ -47,6 +47,10 @@ pub struct Metrics {
     pub cache: IntCounterVec,
     /// Requests refused by the rate limiter, the concurrency limit or the generation queue.
     pub rejected: IntCounterVec,
+    /// Passage-cache lookups by result (`hit`, `miss`): passages' keys and values reused.
+    pub passage_cache: IntCounterVec,
+    /// Bytes the passage cache holds in memory.
+    pub passage_cache_bytes: IntGauge,
 }
 
 fn histogram(name: &str, help: &str, labels: &[&str], buckets: Vec<f64>) -> HistogramVec {
@@ -122,6 +126,16 @@ impl Metrics {
                 "Requests refused by a limit (rate, concurrency, queue, timeout).",
                 &["reason"],
             ),
+            passage_cache: counter(
+                "docent_passage_cache_total",
+                "Passage-cache lookups by result (hit, miss).",
+                &["result"],
+            ),
+            passage_cache_bytes: IntGauge::new(
+                "docent_passage_cache_bytes",
+                "Bytes of passages' keys and values the passage cache holds in memory.",
+            )
+            .expect("static metric definition"),
         };
         let r = &m.registry;
         for c in [
@@ -137,6 +151,8 @@ impl Metrics {
             Box::new(m.safety.clone()),
             Box::new(m.cache.clone()),
             Box::new(m.rejected.clone()),
+            Box::new(m.passage_cache.clone()),
+            Box::new(m.passage_cache_bytes.clone()),
         ] {
             r.register(c).expect("metric names are unique");
         }
@@ -149,6 +165,7 @@ impl Metrics {
         }
         for r in ["hit", "miss"] {
             m.cache.with_label_values(&[r]);
+            m.passage_cache.with_label_values(&[r]);
         }
         m
     }

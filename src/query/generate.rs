@@ -10,6 +10,7 @@ pub mod cpu_kernels;
 pub mod device;
 pub mod lookup;
 pub mod probe;
+pub mod reuse;
 pub mod steps;
 
 use serde::{Deserialize, Serialize};
@@ -26,8 +27,8 @@ use mistralrs::core::{
 };
 use mistralrs::{
     AutoDeviceMapParams, Constraint, DeviceMapSetting, DrySamplingParams, Model, NormalRequest,
-    Request, RequestBuilder, RequestLike, RequestMessage, Response, SamplingParams, StopTokens,
-    TextMessageRole, TextMessages, TokenSource,
+    Request, RequestLike, RequestMessage, Response, SamplingParams, StopTokens, TextMessageRole,
+    TextMessages, TokenSource,
 };
 use tokio::sync::mpsc;
 
@@ -73,6 +74,10 @@ fn default_true() -> bool {
 
 pub(crate) fn default_kv_cache() -> String {
     "f32".into()
+}
+
+pub(crate) fn default_passage_cache_mib() -> usize {
+    1024
 }
 
 pub(crate) fn default_prefill_chunk() -> usize {
@@ -192,6 +197,15 @@ pub struct GenerationConfig {
     /// that are streaming keep going while a long prompt is read (0: whole prompts).
     #[serde(default = "default_prefill_chunk")]
     pub prefill_chunk_tokens: usize,
+    /// Passage reuse (`off`, `exact`, `passages`; [`reuse::PassageReuse`]): retrieved
+    /// passages' keys and values computed once and placed into later prompts instead of
+    /// being prefilled again. Needs continuous batching (its chunked prefill places them)
+    /// and a GGUF model on the quantized Llama decoder (llama, mistral3, qwen2).
+    #[serde(default)]
+    pub passage_reuse: reuse::PassageReuse,
+    /// The most passage keys and values kept in memory, in MiB, least recently used evicted.
+    #[serde(default = "default_passage_cache_mib")]
+    pub passage_cache_mib: usize,
     /// With continuous batching, the order in which prompts start (see [`Schedule`]).
     #[serde(default)]
     pub schedule: Schedule,
@@ -456,6 +470,41 @@ pub struct Generator {
     /// their own in [`Params`]. `drafts.draft_model` is whether the pipeline is speculative
     /// (`generation.draft`): then each request says whether its draft model drafts for it.
     drafts: Drafts,
+    /// `generation.passage_reuse` and its blocks (`None` when off or not possible).
+    reuse: reuse::PassageReuse,
+    passages: Option<Arc<reuse::PassageCache>>,
+}
+
+/// The passage cache of a model under `config` (`generation.passage_reuse`): `None` when
+/// off, or, with a warning, when the model is not a GGUF file whose RoPE docent can turn.
+fn passage_cache(config: &GenerationConfig, source: &Source) -> Option<Arc<reuse::PassageCache>> {
+    if config.passage_reuse == reuse::PassageReuse::Off {
+        return None;
+    }
+    let rope = match source {
+        Source::Gguf { dir, file } => reuse::Rope::of_gguf(&dir.join(file)),
+        _ => None,
+    };
+    match rope {
+        Some(rope) => Some(Arc::new(reuse::PassageCache::new(
+            rope,
+            config.passage_cache_mib << 20,
+        ))),
+        None => {
+            tracing::warn!(
+                model = %config.model.display(),
+                "generation.passage_reuse needs a GGUF model on the llama, mistral3 or qwen2 decoder: prompts are prefilled whole"
+            );
+            None
+        }
+    }
+}
+
+/// What passage reuse does for one answer's request ([`Generator::reuse_plan`]).
+#[derive(Default)]
+struct ReusePlan {
+    splices: Vec<mistralrs::core::KvSplice>,
+    keep: Option<Arc<reuse::KvReader>>,
 }
 
 /// Text to token ids with the model's tokenizer.
@@ -823,6 +872,7 @@ impl Generator {
             }
             _ => target,
         };
+        let passages = passage_cache(config, &target);
         let write_uqff = match (&target, &config.uqff, isq) {
             (Source::Safetensors { .. } | Source::Hub { .. }, Some(dir), Some(isq)) => {
                 Some(dir.join(format!("{}.uqff", isq_name(isq))))
@@ -1019,6 +1069,8 @@ impl Generator {
                 },
                 draft_model: config.draft.is_some(),
             },
+            reuse: config.passage_reuse,
+            passages,
         })
     }
 
@@ -1156,16 +1208,157 @@ impl Generator {
                 probe: probe.filter(|_| question.is_none()),
             }) as Arc<dyn mistralrs::CustomLogitsProcessor>]
         });
+        let plan = self.reuse_plan(prompt).await?;
+        let processors = match (processors, plan.keep) {
+            (p, None) => p,
+            (p, Some(keep)) => {
+                let mut p = p.unwrap_or_default();
+                p.push(keep as Arc<dyn mistralrs::CustomLogitsProcessor>);
+                Some(p)
+            }
+        };
         let mut stream = self
             .stream_request(
                 messages(prompt),
                 sampling(params),
                 processors,
                 Drafts::of(params),
+                plan.splices,
             )
             .await?;
         stream.judge = judging.then_some(judge);
         Ok(stream)
+    }
+
+    /// Passage reuse for `prompt` (`generation.passage_reuse`, [`reuse`]): the blocks the
+    /// engine places into its cache, and the reader that keeps the first passage's block
+    /// from this prefill when the cache lacks it (that block is exact in place 1). Nothing
+    /// when off, when the prompt quotes no passage, or when none is found in its tokens.
+    async fn reuse_plan(&self, prompt: &Prompt) -> Result<ReusePlan, GenerateError> {
+        let mut plan = ReusePlan::default();
+        let Some(cache) = self
+            .passages
+            .as_ref()
+            .filter(|_| !prompt.passages.is_empty())
+        else {
+            return Ok(plan);
+        };
+        let ids = self.prompt_ids(prompt).await?;
+        let units = reuse::find_units(&ids, &prompt.passages, |t| (self.ids)(t));
+        let Some(first) = units.iter().flatten().map(|u| u.0).next() else {
+            return Ok(plan);
+        };
+        let context = &ids[..first];
+        let context_hash = reuse::hash_tokens(0, context);
+        for (start, tokens) in units.into_iter().flatten() {
+            let in_place = start == first;
+            if self.reuse == reuse::PassageReuse::Exact && !in_place {
+                break;
+            }
+            let block = match cache.get(context_hash, &tokens) {
+                Some(b) => b,
+                None if in_place => {
+                    // prefilled in place by this request, exactly; kept from it
+                    plan.keep = Some(Arc::new(reuse::KvReader::new(
+                        cache.clone(),
+                        context.to_vec(),
+                        tokens,
+                    )));
+                    continue;
+                }
+                None => match self.compute_block(cache, context, tokens.clone()).await? {
+                    Some(b) => b,
+                    None => continue,
+                },
+            };
+            let delta = start as i64 - block.context_len as i64;
+            let layers = if delta == 0 {
+                block.layers.clone()
+            } else {
+                let turned = block
+                    .layers
+                    .iter()
+                    .map(|(k, v)| Ok((cache.rope.turn(k, delta)?, v.clone())))
+                    .collect::<mistralrs::Result<Vec<_>>>()
+                    .map_err(|e| GenerateError::Engine(e.to_string()))?;
+                Arc::new(turned)
+            };
+            plan.splices.push(mistralrs::core::KvSplice {
+                start,
+                tokens,
+                layers,
+                exact: in_place,
+            });
+        }
+        Ok(plan)
+    }
+
+    /// A passage's block computed after `context` (one greedy step over both; the
+    /// context's own keys and values come from the prefix cache after the first time).
+    async fn compute_block(
+        &self,
+        cache: &Arc<reuse::PassageCache>,
+        context: &[u32],
+        tokens: Vec<u32>,
+    ) -> Result<Option<Arc<reuse::Block>>, GenerateError> {
+        let ids = [context, &tokens].concat();
+        let reader = Arc::new(reuse::KvReader::new(
+            cache.clone(),
+            context.to_vec(),
+            tokens,
+        ));
+        self.one_step(RequestMessage::CompletionTokens(ids), reader.clone())
+            .await?;
+        cache.note_computed();
+        Ok(reader.take())
+    }
+
+    /// The token ids the engine reads for `prompt` (its chat template applied).
+    pub async fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, GenerateError> {
+        self.model
+            .tokenize(
+                either::Either::Left(text_messages(prompt)),
+                None,
+                true,
+                true,
+                None,
+            )
+            .await
+            .map_err(|e| GenerateError::Engine(e.to_string()))
+    }
+
+    /// The keys and values of every position of `prompt`, per layer (1, kv heads,
+    /// positions, head dim), as its prefill leaves them in the cache, passage reuse as
+    /// configured (checks and measurements).
+    pub async fn prompt_kv(
+        &self,
+        prompt: &Prompt,
+    ) -> Result<Option<Vec<(mistralrs::Tensor, mistralrs::Tensor)>>, GenerateError> {
+        let plan = self.reuse_plan(prompt).await?;
+        let snapshot = Arc::new(reuse::KvSnapshot::default());
+        let mut processors: Vec<Arc<dyn mistralrs::CustomLogitsProcessor>> = vec![snapshot.clone()];
+        if let Some(keep) = plan.keep {
+            processors.push(keep);
+        }
+        let response = self
+            .request_once(
+                messages(prompt),
+                sampling(&Params::greedy(1)),
+                false,
+                Some(processors),
+                Drafts::NONE,
+                plan.splices,
+            )
+            .await?;
+        match response {
+            Response::Done(_) | Response::CompletionDone(_) => Ok(snapshot.take()),
+            other => Err(response_error(other)),
+        }
+    }
+
+    /// What passage reuse has done since the model loaded (`None` when off).
+    pub fn reuse_stats(&self) -> Option<reuse::ReuseStats> {
+        self.passages.as_ref().map(|c| c.stats())
     }
 
     /// The pre-question ([`RefusalCheck::Question`]): the prompt with `prompt.check` after
@@ -1185,6 +1378,7 @@ impl Generator {
             user: user.to_string(),
             check: String::new(),
             fence: String::new(),
+            passages: Vec::new(),
         };
         Ok(1.0 - self.no_against_yes(&prompt).await?)
     }
@@ -1218,6 +1412,7 @@ impl Generator {
                 false,
                 Some(vec![reader]),
                 Drafts::NONE,
+                Vec::new(),
             )
             .await?;
         match response {
@@ -1275,6 +1470,7 @@ impl Generator {
             sampling(&Params::greedy(max_tokens)),
             None,
             self.drafts,
+            Vec::new(),
         )
         .await
     }
@@ -1285,6 +1481,7 @@ impl Generator {
         sampling_params: SamplingParams,
         processors: Option<Vec<Arc<dyn mistralrs::CustomLogitsProcessor>>>,
         drafts: Drafts,
+        splices: Vec<mistralrs::core::KvSplice>,
     ) -> Result<GenerationStream, GenerateError> {
         // room for a few chunks: the engine waits on a full channel
         let (tx, rx) = mpsc::channel(64);
@@ -1296,6 +1493,7 @@ impl Generator {
             tx,
             processors,
             drafts,
+            splices,
         )
         .await?;
         self.counters.active.fetch_add(1, Ordering::Relaxed);
@@ -1380,10 +1578,12 @@ impl Generator {
         tx: mpsc::Sender<Response>,
         logits_processors: Option<Vec<Arc<dyn mistralrs::CustomLogitsProcessor>>>,
         drafts: Drafts,
+        splices: Vec<mistralrs::core::KvSplice>,
     ) -> Result<(), GenerateError> {
         let id = self.model.inner().next_request_id();
-        // read by the engine when it adds the request (vendor/PATCHES.md 17 and 19)
+        // read by the engine when it adds the request (vendor/PATCHES.md 17, 19 and 23)
         mistralrs::core::set_request_draft_tokens(id, drafts.lookup_tokens);
+        mistralrs::core::set_request_kv_splices(id, splices);
         if self.drafts.draft_model {
             mistralrs::core::set_request_skips_draft_model(id, !drafts.draft_model);
         }
@@ -1421,6 +1621,7 @@ impl Generator {
         logprobs: bool,
         processors: Option<Vec<Arc<dyn mistralrs::CustomLogitsProcessor>>>,
         drafts: Drafts,
+        splices: Vec<mistralrs::core::KvSplice>,
     ) -> Result<Response, GenerateError> {
         let (tx, mut rx) = mpsc::channel(8);
         // counted while it runs, also when the caller gives up waiting (a dropped future)
@@ -1433,6 +1634,7 @@ impl Generator {
             tx,
             processors,
             drafts,
+            splices,
         )
         .await?;
         rx.recv()
@@ -1449,7 +1651,14 @@ impl Generator {
         processors: Option<Vec<Arc<dyn mistralrs::CustomLogitsProcessor>>>,
     ) -> Result<Generation, GenerateError> {
         match self
-            .request_once(messages, sampling_params, logprobs, processors, drafts)
+            .request_once(
+                messages,
+                sampling_params,
+                logprobs,
+                processors,
+                drafts,
+                Vec::new(),
+            )
             .await?
         {
             Response::Done(r) => {
@@ -1491,17 +1700,20 @@ impl Generator {
 
 /// The engine's messages for a prompt: system, the earlier turns, then the question.
 fn messages(prompt: &Prompt) -> RequestMessage {
-    let mut builder = RequestBuilder::new().add_message(TextMessageRole::System, &prompt.system);
+    text_messages(prompt).take_messages()
+}
+
+/// The prompt's messages: system, earlier turns, user.
+fn text_messages(prompt: &Prompt) -> TextMessages {
+    let mut m = TextMessages::new().add_message(TextMessageRole::System, &prompt.system);
     for turn in &prompt.history {
         let role = match turn.role {
             Role::User => TextMessageRole::User,
             Role::Assistant => TextMessageRole::Assistant,
         };
-        builder = builder.add_message(role, &turn.content);
+        m = m.add_message(role, &turn.content);
     }
-    builder
-        .add_message(TextMessageRole::User, &prompt.user)
-        .take_messages()
+    m.add_message(TextMessageRole::User, &prompt.user)
 }
 
 /// Measures what the chat template adds around messages, with the engine's own template

@@ -122,6 +122,9 @@ pub struct Prompt {
     pub check: String,
     /// The tag the context is quoted in (`doc-…`).
     pub fence: String,
+    /// The context blocks' texts as `user` quotes them, in order (passage reuse finds their
+    /// tokens in the prompt; empty when the prompt quotes none).
+    pub passages: Vec<String>,
 }
 
 impl Prompt {
@@ -287,6 +290,7 @@ impl Prompts {
             user: render(USER)?.trim().to_string(),
             check: render(CHECK)?.trim().to_string(),
             fence: fence.to_string(),
+            passages: contexts.iter().map(|c| c.text.trim().to_string()).collect(),
         })
     }
 

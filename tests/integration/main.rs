@@ -18,6 +18,7 @@ mod openai;
 mod parsers;
 mod refusal;
 mod replicas;
+mod reuse;
 mod safety;
 mod server_store;
 mod streaming;

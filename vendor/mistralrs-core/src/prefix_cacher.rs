@@ -143,16 +143,37 @@ impl PrefixCacheManagerV2 {
         if !self.has_paged_attention {
             // docent: a copy, so the stored prefix never shares storage with a live sequence
             // (sequences append to their caches in place).
+            // docent (vendor/PATCHES.md 23): a sequence holding keys and values from an inexact
+            // splice is kept only up to its first one (what precedes it is what a prefill
+            // computes).
+            let keep = seq.kv_inexact_from();
+            if keep == Some(0) {
+                return;
+            }
             let Ok(cache) = seq
                 .normal_cache()
                 .iter()
-                .map(|c| c.as_ref().map(|c| c.deep_copy(false)).transpose())
+                .map(|c| {
+                    c.as_ref()
+                        .map(|c| match keep {
+                            Some(n) => {
+                                let mut c = c.clone();
+                                c.set_len(n)?;
+                                c.deep_copy(false)
+                            }
+                            None => c.deep_copy(false),
+                        })
+                        .transpose()
+                })
                 .collect::<Result<Vec<_>>>()
             else {
                 return;
             };
 
-            let key: Tokens = seq.get_toks().to_vec().into();
+            let toks = seq.get_toks();
+            let key: Tokens = toks[..keep.unwrap_or(toks.len()).min(toks.len())]
+                .to_vec()
+                .into();
             // docent: a re-added key becomes the most recently used.
             self.caches.shift_remove(&key);
             self.caches.insert(

@@ -283,6 +283,17 @@ pub trait CustomLogitsProcessor: Send + Sync {
     /// (the token sampled at the step before), before this step's token is sampled. A step
     /// that verifies prompt-lookup drafts gives none.
     fn observe_decode_states(&self, _states: &[Vec<f32>]) {}
+
+    /// docent (vendor/PATCHES.md 23): whether this processor reads the prompt's keys and
+    /// values ([`Self::observe_prompt_kv`]).
+    fn reads_prompt_kv(&self) -> bool {
+        false
+    }
+
+    /// docent: once the whole prompt is in the sequence's cache, before its first token is
+    /// sampled: per layer, the keys and values of every prompt position, (1, kv heads,
+    /// positions, head dim). They share storage with the live cache: copy what you keep.
+    fn observe_prompt_kv(&self, _layers: &[(Tensor, Tensor)]) {}
 }
 
 impl<T: Fn(&Tensor, &[u32]) -> Result<Tensor> + Send + Sync> CustomLogitsProcessor for T {
@@ -426,6 +437,18 @@ impl Sampler {
             } else if p.hidden_states_in_decode() {
                 p.observe_decode_states(states);
             }
+        }
+    }
+
+    /// docent: whether a processor reads the prompt's keys and values.
+    pub fn reads_prompt_kv(&self) -> bool {
+        self.logits_processors.iter().any(|p| p.reads_prompt_kv())
+    }
+
+    /// docent: hands the prompt's keys and values to the processors that read them.
+    pub fn observe_prompt_kv(&self, layers: &[(Tensor, Tensor)]) {
+        for p in self.logits_processors.iter().filter(|p| p.reads_prompt_kv()) {
+            p.observe_prompt_kv(layers);
         }
     }
 

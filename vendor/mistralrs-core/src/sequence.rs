@@ -515,6 +515,13 @@ pub struct Sequence {
     prefill_prompt_toks: Option<Vec<u32>>,
     /// docent: prompt tokens per prefill chunk (0: the prompt runs whole).
     prefill_chunk: usize,
+    /// docent (vendor/PATCHES.md 23): keys and values placed into the cache when the prefill
+    /// reaches them, in order of position.
+    kv_splices: std::collections::VecDeque<crate::kv_cache::KvSplice>,
+    /// docent: the model's most positions, for a cache a splice starts.
+    kv_splice_max_len: usize,
+    /// docent: the first position whose keys and values came from an inexact splice.
+    kv_inexact_from: Option<usize>,
     /// docent: the pipeline batches this sequence's decode steps with sequences of other
     /// lengths (`CacheManagerMixin::ragged_batching`).
     ragged: bool,
@@ -641,6 +648,9 @@ impl Sequence {
             recognizer,
             prefill_prompt_toks: None,
             prefill_chunk: 0,
+            kv_splices: Default::default(),
+            kv_splice_max_len: 0,
+            kv_inexact_from: None,
             ragged: false,
             draft_tokens: 0,
             skips_draft_model: false,
@@ -941,10 +951,119 @@ impl Sequence {
     pub fn advance_prefill_chunk(&mut self) {
         self.token_offset += self.prefill_prompt_toks.as_ref().map_or(0, Vec::len);
         self.prefix_cache_len = self.token_offset;
-        let end = (self.token_offset + self.prefill_chunk).min(self.tokens.len());
+        self.apply_kv_splices();
+        let end = self.prefill_end();
         self.prefill_prompt_toks = Some(self.tokens[self.token_offset..end].to_vec());
         // RunningPrompt, not RunningPrefillPrompt: the scheduler keeps only running states.
         self.set_state(SequenceState::RunningPrompt);
+    }
+
+    /// docent: where the prompt's next prefill chunk ends: a chunk after the offset, at the
+    /// next splice, at the prompt's end.
+    fn prefill_end(&self) -> usize {
+        let mut end = self
+            .token_offset
+            .saturating_add(self.prefill_chunk)
+            .min(self.tokens.len());
+        if let Some(s) = self.kv_splices.front() {
+            end = end.min(s.start);
+        }
+        end
+    }
+
+    /// docent (vendor/PATCHES.md 23): the prompt positions whose keys and values come from
+    /// `splices` instead of the prefill. A splice is left out (its positions prefilled) when
+    /// its tokens are not the prompt's there, when it starts before what the cache holds or
+    /// before the end of the splice kept before it, when it reaches the prompt's last token
+    /// (whose logits are sampled), or when its layers do not fit the cache. The prefill then
+    /// runs in chunks that stop at each splice, appended when the offset reaches it. For
+    /// sequences on chunked prefill's path (`ragged`).
+    pub fn plan_kv_splices(&mut self, splices: Vec<crate::kv_cache::KvSplice>, max_len: usize) {
+        let last = self.tokens.len().saturating_sub(1);
+        let layers = self.normal_cache.len();
+        let mut from = self.token_offset;
+        let mut planned = std::collections::VecDeque::new();
+        for s in splices {
+            let end = s.start + s.tokens.len();
+            let fits = s.layers.len() == layers
+                && s.layers.iter().all(|(k, v)| {
+                    k.dims().len() == 4
+                        && k.dims()[0] == 1
+                        && k.dims()[2] == s.tokens.len()
+                        && v.dims().len() == 4
+                        && v.dims()[2] == s.tokens.len()
+                });
+            if s.tokens.is_empty()
+                || s.start < from
+                || end > last
+                || self.tokens[s.start..end] != s.tokens[..]
+                || !fits
+            {
+                continue;
+            }
+            from = end;
+            planned.push_back(s);
+        }
+        if planned.is_empty() {
+            return;
+        }
+        self.kv_splices = planned;
+        self.kv_splice_max_len = max_len;
+        if self.prefill_chunk == 0 {
+            self.prefill_chunk = usize::MAX;
+        }
+        self.apply_kv_splices();
+        let end = self.prefill_end();
+        self.prefill_prompt_toks = Some(self.tokens[self.token_offset..end].to_vec());
+    }
+
+    /// docent: appends the splices that start at the offset, moving the offset past them.
+    /// Every layer is appended to a copy first, so a failure (logged) leaves the cache as it
+    /// was and drops the remaining splices: those positions are prefilled.
+    fn apply_kv_splices(&mut self) {
+        while self
+            .kv_splices
+            .front()
+            .is_some_and(|s| s.start == self.token_offset)
+        {
+            let Some(s) = self.kv_splices.pop_front() else {
+                break;
+            };
+            let capacity = (self.token_offset + s.tokens.len())
+                .div_ceil(crate::kv_cache::NormalCache::CACHE_GROW_SIZE)
+                * crate::kv_cache::NormalCache::CACHE_GROW_SIZE;
+            let appended = self
+                .normal_cache
+                .iter()
+                .zip(s.layers.iter())
+                .map(|(cache, (k, v))| {
+                    let mut cache = match cache {
+                        Some(c) => c.clone(),
+                        None => KvCache::new_normal(2, self.kv_splice_max_len, capacity),
+                    };
+                    cache.append(k, v).map(|_| Some(cache))
+                })
+                .collect::<candle_core::Result<Vec<_>>>();
+            match appended {
+                Ok(caches) => self.normal_cache = caches,
+                Err(e) => {
+                    tracing::warn!("a KV splice was not placed ({e}); those positions are prefilled");
+                    self.kv_splices.clear();
+                    break;
+                }
+            }
+            if !s.exact && self.kv_inexact_from.is_none() {
+                self.kv_inexact_from = Some(s.start);
+            }
+            self.token_offset += s.tokens.len();
+            self.prefix_cache_len = self.token_offset;
+        }
+    }
+
+    /// docent: the first position whose keys and values came from an inexact splice (the
+    /// prefix cache keeps this sequence only up to there).
+    pub fn kv_inexact_from(&self) -> Option<usize> {
+        self.kv_inexact_from
     }
 
     /// docent: the last chunk ran: the whole prompt is the context from now on (sampling,

@@ -426,6 +426,7 @@ impl Engine {
         // Add sequences
         // docent: read once for all of the request's sequences (pipeline/lookup.rs)
         let draft_tokens = crate::pipeline::take_request_draft_tokens(request.id);
+        let kv_splices = crate::kv_cache::take_request_kv_splices(request.id);
         let skips_draft_model = crate::pipeline::take_request_skips_draft_model(request.id);
         for response_index in 0..request.sampling_params.n_choices {
             let factory = get_mut_arcmutex!(self.pipeline)
@@ -747,6 +748,11 @@ impl Engine {
                 seq.set_ragged(true);
                 if !(seq.has_images() || seq.has_audios() || seq.has_videos()) {
                     seq.limit_prefill_chunk(crate::kv_cache::cpu_prefill_chunk());
+                    // docent: keys and values placed instead of prefilled (vendor/PATCHES.md 23)
+                    if !kv_splices.is_empty() {
+                        let max_len = get_mut_arcmutex!(self.pipeline).get_metadata().max_seq_len;
+                        seq.plan_kv_splices(kv_splices.clone(), max_len);
+                    }
                 }
             }
 

@@ -77,6 +77,53 @@ pub fn cpu_cohort_admit_below() -> usize {
     CPU_COHORT_ADMIT_BELOW.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// docent (vendor/PATCHES.md 23): keys and values computed elsewhere for a run of a
+/// prompt's positions (a passage read once and reused), placed into the sequence's cache
+/// instead of being prefilled there.
+#[derive(Clone)]
+pub struct KvSplice {
+    /// The prompt position of the first token.
+    pub start: usize,
+    /// The tokens at `start..` (checked against the prompt: a splice that does not match is
+    /// left out and those positions are prefilled).
+    pub tokens: Vec<u32>,
+    /// Per layer, keys and values of shape (1, kv heads, tokens, head dim), keys already
+    /// turned to their positions here.
+    pub layers: Arc<Vec<(Tensor, Tensor)>>,
+    /// The values equal what a prefill of this prompt computes at these positions (they were
+    /// computed after the same tokens); a sequence holding an inexact splice never enters the
+    /// prefix cache past it.
+    pub exact: bool,
+}
+
+static KV_SPLICES: std::sync::LazyLock<Mutex<std::collections::HashMap<usize, Vec<KvSplice>>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// docent: the request with this id places `splices` (in order of `start`) into its prompt's
+/// cache when the engine adds it (pipelines that prefill in chunks on the CPU,
+/// `CacheManagerMixin::ragged_batching`; others prefill the whole prompt).
+pub fn set_request_kv_splices(request_id: usize, splices: Vec<KvSplice>) {
+    let mut pending = KV_SPLICES.lock().unwrap_or_else(|e| e.into_inner());
+    // a request that never reached the engine leaves its entry: never more than a few
+    if pending.len() >= 256 {
+        pending.clear();
+    }
+    if splices.is_empty() {
+        pending.remove(&request_id);
+    } else {
+        pending.insert(request_id, splices);
+    }
+}
+
+/// docent: the splices registered for a request, forgotten once read.
+pub(crate) fn take_request_kv_splices(request_id: usize) -> Vec<KvSplice> {
+    KV_SPLICES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&request_id)
+        .unwrap_or_default()
+}
+
 pub trait CacheManager<T: CacheManagerMixin + MetadataMixin + ?Sized> {
     fn clone_in_cache(
         &self,

@@ -43,3 +43,23 @@ pub(crate) fn deliver(
     }
     Ok(())
 }
+
+/// docent (vendor/PATCHES.md 23): each sequence whose processors read the prompt's keys and
+/// values gets them from its cache, once the whole prompt is there.
+pub(crate) fn deliver_prompt_kv(seqs: &mut [&mut Sequence]) -> Result<()> {
+    for seq in seqs.iter_mut() {
+        let sampler = seq.sampler();
+        if !sampler.reads_prompt_kv() {
+            continue;
+        }
+        let mut layers = Vec::new();
+        for cache in seq.normal_cache().iter() {
+            match cache.as_ref().map(|c| (c.k(), c.v())) {
+                Some((Ok(Some(k)), Ok(Some(v)))) => layers.push((k, v)),
+                _ => return Ok(()), // no normal cache: nothing to hand over
+            }
+        }
+        sampler.observe_prompt_kv(&layers);
+    }
+    Ok(())
+}

@@ -597,6 +597,9 @@ pub trait Pipeline:
                         return Ok(exec_duration);
                     }
                     input_seqs.iter_mut().for_each(|s| s.finish_prefill_chunks());
+                    // docent: the prompt's keys and values, for processors that read them
+                    // (vendor/PATCHES.md 23)
+                    hidden::deliver_prompt_kv(input_seqs)?;
                 }
 
                 if raw_out_logits[0][0].is_some() {
