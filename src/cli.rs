@@ -242,6 +242,25 @@ pub enum Bench {
         #[command(flatten)]
         common: BenchArgs,
     },
+    /// Time to the first shown text of RAG answers with passage reuse (cold and warm)
+    /// against full prefill, through the answer path, per model.
+    Prefill {
+        /// BEIR-layout set whose corpus is indexed and whose answerable questions are asked.
+        #[arg(long, default_value = "eval/rust-book-natural")]
+        dataset: PathBuf,
+        /// Questions asked (the first answerable ones).
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Generation models (catalog names or paths; default: the configured one).
+        #[arg(long, value_delimiter = ',')]
+        models: Vec<String>,
+        /// Answer tokens per question (the first shown text is what is timed).
+        #[arg(long, default_value_t = 4)]
+        tokens: usize,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// The real server under a mixed load (searches, answers, document lists, uploads; API
     /// keys on): statuses and p50/p99 per route, RSS; then the same load with a SIGKILL and
     /// a restart, checking that every upload acknowledged as done survived.

@@ -383,6 +383,26 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             .await??;
             print_report(&result, json)
         }
+        Command::Bench(Bench::Prefill {
+            dataset,
+            limit,
+            models,
+            tokens,
+            json,
+        }) => {
+            let opts = docent::tools::bench::prefill::Options {
+                limit,
+                models,
+                answer_tokens: tokens.max(1),
+            };
+            let report = docent::tools::bench::prefill::run(&config, &dataset, &opts).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                docent::tools::bench::prefill::print(&report);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench(Bench::Load {
             corpus,
             clients,

@@ -1301,6 +1301,7 @@ impl Generator {
         context: &[u32],
         tokens: Vec<u32>,
     ) -> Result<Option<Arc<reuse::Block>>, GenerateError> {
+        let started = Instant::now();
         let ids = [context, &tokens].concat();
         let reader = Arc::new(reuse::KvReader::new(
             cache.clone(),
@@ -1309,8 +1310,15 @@ impl Generator {
         ));
         self.one_step(RequestMessage::CompletionTokens(ids), reader.clone())
             .await?;
-        cache.note_computed();
+        cache.note_computed(started.elapsed());
         Ok(reader.take())
+    }
+
+    /// Forgets every passage block (measurements of cold prefills).
+    pub fn clear_passages(&self) {
+        if let Some(c) = &self.passages {
+            c.clear();
+        }
     }
 
     /// The token ids the engine reads for `prompt` (its chat template applied).

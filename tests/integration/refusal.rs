@@ -167,23 +167,28 @@ async fn the_probe_score_moves_the_right_way_on_a_fixed_pair() {
 /// reads; no model is loaded).
 #[test]
 fn training_reproduces_the_shipped_probe() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("probe.json");
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_docent"));
-    cmd.current_dir(repo())
-        .env("DOCENT_GENERATION__MODEL", "qwen2.5-coder-0.5b")
-        .arg("train-refusal")
-        .arg("--out")
-        .arg(&out);
-    let output = crate::helpers::run_ok(&mut cmd);
-    eprintln!("{}", String::from_utf8_lossy(&output.stdout));
-    let shipped =
-        std::fs::read(repo().join("training/refusal/probes/qwen2.5-coder-0.5b.refusal.json"))
-            .unwrap();
-    assert!(
-        std::fs::read(&out).unwrap() == shipped,
-        "the probe differs from the shipped one"
-    );
+    // each shipped probe with the layer it was chosen at (docs/evaluation.md)
+    for (model, layer) in [("qwen2.5-coder-0.5b", 16), ("qwen2.5-coder-1.5b", 21)] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("probe.json");
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_docent"));
+        cmd.current_dir(repo())
+            .env("DOCENT_GENERATION__MODEL", model)
+            .arg("train-refusal")
+            .arg("--layer")
+            .arg(layer.to_string())
+            .arg("--out")
+            .arg(&out);
+        let output = crate::helpers::run_ok(&mut cmd);
+        eprintln!("{}", String::from_utf8_lossy(&output.stdout));
+        let shipped =
+            std::fs::read(repo().join(format!("training/refusal/probes/{model}.refusal.json")))
+                .unwrap();
+        assert!(
+            std::fs::read(&out).unwrap() == shipped,
+            "{model}: the probe differs from the shipped one"
+        );
+    }
 }
 
 /// A probe trained for another file of the model stops the start-up with what to do.

@@ -73,6 +73,7 @@ async fn exact_reuse_answers_token_for_token_as_a_full_prefill() {
         answer(&reusing, &first).await;
         let before = reusing.reuse_stats().unwrap();
         assert_eq!((before.hits, before.blocks), (0, 1), "{before:?}");
+        let placed = mistralrs::core::kv_spliced_positions();
         for (question, texts) in [
             (
                 "Which team is the second-floor printer reserved for?",
@@ -95,6 +96,11 @@ async fn exact_reuse_answers_token_for_token_as_a_full_prefill() {
         assert_eq!(
             after.hits, 3,
             "each prompt placed the printer block: {after:?}"
+        );
+        // the engine placed them (other tests may place theirs meanwhile: at least these)
+        assert!(
+            mistralrs::core::kv_spliced_positions() >= placed + 3 * after.tokens,
+            "the blocks were placed, not prefilled"
         );
         // the exact mode never computes a block ahead
         assert_eq!(after.computed, 0);

@@ -24,10 +24,16 @@ use serde::{Deserialize, Serialize};
 pub const FORMAT: &str = "docent-refusal-probe/1";
 
 /// The probes shipped with docent, by the file name `models.toml` gives them.
-const SHIPPED: &[(&str, &str)] = &[(
-    "qwen2.5-coder-0.5b.refusal.json",
-    include_str!("../../../training/refusal/probes/qwen2.5-coder-0.5b.refusal.json"),
-)];
+const SHIPPED: &[(&str, &str)] = &[
+    (
+        "qwen2.5-coder-0.5b.refusal.json",
+        include_str!("../../../training/refusal/probes/qwen2.5-coder-0.5b.refusal.json"),
+    ),
+    (
+        "qwen2.5-coder-1.5b.refusal.json",
+        include_str!("../../../training/refusal/probes/qwen2.5-coder-1.5b.refusal.json"),
+    ),
+];
 
 /// The shipped probe file called `name`, if docent ships one.
 pub fn shipped(name: &str) -> Option<&'static str> {

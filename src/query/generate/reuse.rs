@@ -170,10 +170,26 @@ pub fn hash_tokens(seed: u64, tokens: &[u32]) -> u64 {
 pub struct ReuseStats {
     pub hits: u64,
     pub misses: u64,
-    /// Blocks computed ahead of an answer (misses in a later place, `passages` mode).
+    /// Blocks computed ahead of an answer (misses in a later place, `passages` mode), and
+    /// the microseconds that took.
     pub computed: u64,
+    pub compute_us: u64,
     pub blocks: usize,
     pub bytes: usize,
+    /// Passage tokens the blocks hold.
+    pub tokens: usize,
+}
+
+impl ReuseStats {
+    /// Bytes a block holds per passage token (every layer's keys and values).
+    pub fn bytes_per_token(&self) -> Option<f64> {
+        (self.tokens > 0).then(|| self.bytes as f64 / self.tokens as f64)
+    }
+
+    /// Mean milliseconds a block computed ahead took.
+    pub fn compute_ms_per_block(&self) -> Option<f64> {
+        (self.computed > 0).then(|| self.compute_us as f64 / 1e3 / self.computed as f64)
+    }
 }
 
 /// The blocks, bounded in bytes, the least recently used evicted first.
@@ -184,12 +200,14 @@ pub struct PassageCache {
     hits: AtomicU64,
     misses: AtomicU64,
     computed: AtomicU64,
+    compute_us: AtomicU64,
 }
 
 #[derive(Default)]
 struct Inner {
     blocks: HashMap<u64, (Arc<Block>, u64)>,
     bytes: usize,
+    tokens: usize,
     clock: u64,
 }
 
@@ -202,6 +220,7 @@ impl PassageCache {
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             computed: AtomicU64::new(0),
+            compute_us: AtomicU64::new(0),
         }
     }
 
@@ -254,14 +273,17 @@ impl PassageCache {
         let clock = inner.clock;
         if let Some((old, _)) = inner.blocks.insert(key, (block.clone(), clock)) {
             inner.bytes -= old.bytes;
+            inner.tokens -= old.tokens.len();
         }
         inner.bytes += block.bytes;
+        inner.tokens += block.tokens.len();
         while inner.bytes > self.limit {
             let Some((&oldest, _)) = inner.blocks.iter().min_by_key(|(_, (_, used))| *used) else {
                 break;
             };
             if let Some((b, _)) = inner.blocks.remove(&oldest) {
                 inner.bytes -= b.bytes;
+                inner.tokens -= b.tokens.len();
             }
         }
         crate::metrics::metrics()
@@ -270,8 +292,20 @@ impl PassageCache {
         block
     }
 
-    pub fn note_computed(&self) {
+    /// Counts a block computed ahead of an answer, in `took`.
+    pub fn note_computed(&self, took: std::time::Duration) {
         self.computed.fetch_add(1, Ordering::Relaxed);
+        self.compute_us
+            .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Forgets every block (the counters stay).
+    pub fn clear(&self) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.blocks.clear();
+        inner.bytes = 0;
+        inner.tokens = 0;
+        crate::metrics::metrics().passage_cache_bytes.set(0);
     }
 
     pub fn stats(&self) -> ReuseStats {
@@ -280,8 +314,10 @@ impl PassageCache {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             computed: self.computed.load(Ordering::Relaxed),
+            compute_us: self.compute_us.load(Ordering::Relaxed),
             blocks: inner.blocks.len(),
             bytes: inner.bytes,
+            tokens: inner.tokens,
         }
     }
 }

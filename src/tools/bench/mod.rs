@@ -9,6 +9,7 @@ pub mod generate;
 mod http;
 mod ingest;
 pub mod load;
+pub mod prefill;
 pub mod query;
 
 use std::path::PathBuf;

@@ -39,10 +39,10 @@ pub struct CorpusLine {
 }
 
 #[derive(Deserialize)]
-struct QueryLine {
+pub(crate) struct QueryLine {
     #[serde(rename = "_id")]
-    id: String,
-    text: String,
+    pub(crate) id: String,
+    pub(crate) text: String,
     #[serde(default)]
     metadata: QueryMeta,
 }
@@ -74,10 +74,10 @@ struct AnswerLine {
 /// A BEIR-layout evaluation set.
 pub struct Dataset {
     pub name: String,
-    corpus: Vec<CorpusLine>,
-    queries: Vec<QueryLine>,
+    pub(crate) corpus: Vec<CorpusLine>,
+    pub(crate) queries: Vec<QueryLine>,
     /// Query id → relevant corpus ids.
-    qrels: HashMap<String, HashSet<String>>,
+    pub(crate) qrels: HashMap<String, HashSet<String>>,
     /// Query id → gold answer strings (`answers.jsonl`, optional).
     answers: HashMap<String, Vec<String>>,
 }
@@ -526,7 +526,7 @@ fn both_signals(records: &[AnswerRecord], signal: Signal) -> Vec<ThresholdRow> {
 
 /// The answer to `request` through the streaming path, with the time to its first shown
 /// text and to its end.
-async fn timed_answer(
+pub(crate) async fn timed_answer(
     engine: &std::sync::Arc<crate::query::QueryEngine>,
     request: crate::query::QueryRequest,
 ) -> anyhow::Result<(crate::query::QueryResponse, Option<f64>, f64)> {

@@ -74,7 +74,7 @@ pub use prefix_cacher::set_prefix_cache_limit_bytes;
 /// docent: an F16 KV cache on the CPU (vendor/PATCHES.md).
 pub use kv_cache::set_cpu_kv_cache_f16;
 /// docent: prompt positions whose keys and values come from elsewhere (vendor/PATCHES.md 23).
-pub use kv_cache::{set_request_kv_splices, KvSplice};
+pub use kv_cache::{kv_spliced_positions, set_request_kv_splices, KvSplice};
 /// docent: continuous batching and chunked prefill on the CPU (vendor/PATCHES.md).
 pub use kv_cache::{
     set_cpu_cohort_scheduling, set_cpu_continuous_batching, set_cpu_prefill_chunk,

@@ -1045,7 +1045,10 @@ impl Sequence {
                 })
                 .collect::<candle_core::Result<Vec<_>>>();
             match appended {
-                Ok(caches) => self.normal_cache = caches,
+                Ok(caches) => {
+                    self.normal_cache = caches;
+                    crate::kv_cache::count_spliced(s.tokens.len());
+                }
                 Err(e) => {
                     tracing::warn!("a KV splice was not placed ({e}); those positions are prefilled");
                     self.kv_splices.clear();

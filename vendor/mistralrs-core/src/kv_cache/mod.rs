@@ -115,6 +115,18 @@ pub fn set_request_kv_splices(request_id: usize, splices: Vec<KvSplice>) {
     }
 }
 
+static KV_SPLICED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// docent: prompt positions whose keys and values were placed from splices since start
+/// (process-wide): what the prefills did not compute.
+pub fn kv_spliced_positions() -> usize {
+    KV_SPLICED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+pub(crate) fn count_spliced(positions: usize) {
+    KV_SPLICED.fetch_add(positions, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// docent: the splices registered for a request, forgotten once read.
 pub(crate) fn take_request_kv_splices(request_id: usize) -> Vec<KvSplice> {
     KV_SPLICES
