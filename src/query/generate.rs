@@ -1336,13 +1336,18 @@ impl Generator {
     }
 
     /// The keys and values of every position of `prompt`, per layer (1, kv heads,
-    /// positions, head dim), as its prefill leaves them in the cache, passage reuse as
-    /// configured (checks and measurements).
+    /// positions, head dim), as its prefill leaves them in the cache: with passage reuse as
+    /// configured when `reuse`, else a full prefill (checks and measurements).
     pub async fn prompt_kv(
         &self,
         prompt: &Prompt,
+        reuse: bool,
     ) -> Result<Option<Vec<(mistralrs::Tensor, mistralrs::Tensor)>>, GenerateError> {
-        let plan = self.reuse_plan(prompt).await?;
+        let plan = if reuse {
+            self.reuse_plan(prompt).await?
+        } else {
+            ReusePlan::default()
+        };
         let snapshot = Arc::new(reuse::KvSnapshot::default());
         let mut processors: Vec<Arc<dyn mistralrs::CustomLogitsProcessor>> = vec![snapshot.clone()];
         if let Some(keep) = plan.keep {
