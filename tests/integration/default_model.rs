@@ -20,7 +20,7 @@ ground floor.\n";
 /// retrieval's); `adjust` changes the rest.
 fn guide_server(
     adjust: impl FnOnce(&mut docent::config::Config),
-) -> (tempfile::TempDir, tempfile::TempDir, String) {
+) -> (tempfile::TempDir, crate::helpers::OwnServer, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("office-guide.md");
     std::fs::write(&path, GUIDE).unwrap();

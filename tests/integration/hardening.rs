@@ -35,7 +35,7 @@ fn keys() -> Vec<ApiKey> {
 
 /// A server with keys over the ownership chapter, generous rates, small upload limits.
 fn server() -> &'static str {
-    static S: OnceLock<(tempfile::TempDir, String)> = OnceLock::new();
+    static S: OnceLock<(crate::helpers::OwnServer, String)> = OnceLock::new();
     &S.get_or_init(|| {
         own_server(|c| {
             c.auth.keys = keys();

@@ -165,10 +165,37 @@ pub fn app() -> &'static TestApp {
 }
 
 /// Runs the real server on `config` (its index must not be open elsewhere) on its own
-/// thread and runtime, so that it outlives each test's runtime; its address.
+/// thread and runtime, so that it outlives each test's runtime; its address. The server
+/// lives until the binary ends: for the one shared by every test ([`app`]).
 pub fn serve(config: Config) -> String {
+    let server = serve_until_dropped(config);
+    let address = server.address.clone();
+    std::mem::forget(server);
+    address
+}
+
+/// A server on its own thread and runtime that stops when dropped: its runtime ends, and
+/// with it the server's generator and embedder, so the binary's memory does not grow with
+/// every test that needs a server of its own (docs/testing.md, "Memory").
+pub struct RunningServer {
+    pub address: String,
+    handle: actix_web::dev::ServerHandle,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        // `stop` sends its command when called; the server's thread ends once it has stopped
+        drop(self.handle.stop(false));
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn serve_until_dropped(config: Config) -> RunningServer {
     let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
+    let thread = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -182,29 +209,40 @@ pub fn serve(config: Config) -> String {
             };
             let engine = Arc::new(engine.expect("engine"));
             let app = startup::Application::build(&config, engine).expect("bind");
-            tx.send(app.port()).expect("send port");
+            tx.send((app.port(), app.handle())).expect("send port");
             app.run_until_stopped().await.expect("server");
         });
     });
-    let port = rx.recv().expect("server started");
-    format!("http://127.0.0.1:{port}")
+    let (port, handle) = rx.recv().expect("server started");
+    RunningServer {
+        address: format!("http://127.0.0.1:{port}"),
+        handle,
+        thread: Some(thread),
+    }
+}
+
+/// A test's own server and its index directory: dropping it stops the server first, then
+/// removes the directory (fields drop in this order).
+pub struct OwnServer {
+    _server: RunningServer,
+    _dir: tempfile::TempDir,
 }
 
 /// The Qwen models' generator for servers whose generation settings are equal: one copy
-/// of its weights for all of them, since every test server lives until the binary
-/// ends (docs/testing.md, "Memory"). Other models load per server. The generator's engine
-/// runs on its own thread, so servers on other runtimes share it.
+/// of its weights for all the servers alive at once (docs/testing.md, "Memory"); it is
+/// freed with the last of them. Other models load per server. The generator's engine runs
+/// on its own thread, so servers on other runtimes share it.
 async fn shared_generator(config: &Config) -> Option<docent::query::generate::SharedGenerator> {
-    use docent::query::generate::{Generator, SharedGenerator};
-    type Loaded = std::collections::HashMap<String, SharedGenerator>;
+    use docent::query::generate::Generator;
+    type Loaded = std::collections::HashMap<String, std::sync::Weak<Generator>>;
     static LOADED: OnceLock<tokio::sync::Mutex<Loaded>> = OnceLock::new();
     if config.generation.model != default_model() && config.generation.model != qwen_1_5b() {
         return None;
     }
     let key = serde_json::to_string(&config.generation).expect("settings as JSON");
     let mut loaded = LOADED.get_or_init(Default::default).lock().await;
-    if let Some(g) = loaded.get(&key) {
-        return Some(g.clone());
+    if let Some(g) = loaded.get(&key).and_then(std::sync::Weak::upgrade) {
+        return Some(g);
     }
     config
         .check_generation_files()
@@ -214,7 +252,7 @@ async fn shared_generator(config: &Config) -> Option<docent::query::generate::Sh
             .await
             .expect("load the default model"),
     );
-    loaded.insert(key, g.clone());
+    loaded.insert(key, Arc::downgrade(&g));
     Some(g)
 }
 
@@ -226,16 +264,17 @@ pub fn client() -> reqwest::Client {
 }
 
 /// A server of its own (settings changed by `adjust`) over the ownership chapter, for
-/// tests that would disturb the shared one.
-pub fn own_server(adjust: impl FnOnce(&mut docent::config::Config)) -> (tempfile::TempDir, String) {
+/// tests that would disturb the shared one; it stops when the first value is dropped.
+pub fn own_server(adjust: impl FnOnce(&mut docent::config::Config)) -> (OwnServer, String) {
     server_over(&[rust_book(OWNERSHIP)], adjust)
 }
 
-/// A server of its own over `files`, settings changed by `adjust`.
+/// A server of its own over `files`, settings changed by `adjust`; it stops when the first
+/// value is dropped.
 pub fn server_over(
     files: &[PathBuf],
     adjust: impl FnOnce(&mut docent::config::Config),
-) -> (tempfile::TempDir, String) {
+) -> (OwnServer, String) {
     let dir = tempfile::tempdir().unwrap();
     let mut config = config(&dir.path().join("index"));
     adjust(&mut config);
@@ -247,8 +286,15 @@ pub fn server_over(
             .unwrap();
         assert_eq!(report.ingested.len(), files.len());
     }
-    let address = serve(config);
-    (dir, address)
+    let server = serve_until_dropped(config);
+    let address = server.address.clone();
+    (
+        OwnServer {
+            _server: server,
+            _dir: dir,
+        },
+        address,
+    )
 }
 
 /// `GET url` as JSON.

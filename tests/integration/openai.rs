@@ -27,7 +27,7 @@ fn key() -> Vec<ApiKey> {
 /// A server with a key over the ownership chapter, without the answer cache (so a streamed
 /// and a JSON answer to the same request are both generated).
 fn server() -> &'static str {
-    static S: OnceLock<(tempfile::TempDir, String)> = OnceLock::new();
+    static S: OnceLock<(crate::helpers::OwnServer, String)> = OnceLock::new();
     &S.get_or_init(|| {
         own_server(|c| {
             c.auth.keys = key();

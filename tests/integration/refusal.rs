@@ -15,7 +15,7 @@ fn shipped_probe() -> docent::query::generate::probe::Probe {
 
 /// A server over the whole demo corpus (the Rust Book) with the service's default chunking,
 /// retrieval and generation settings, on the default model.
-fn demo_server() -> (tempfile::TempDir, String) {
+fn demo_server() -> (crate::helpers::OwnServer, String) {
     // ingested on a thread of its own: the store's writes must not wait on the test's
     // runtime, which this call would block
     std::thread::spawn(demo_server_on_this_thread)
@@ -23,7 +23,7 @@ fn demo_server() -> (tempfile::TempDir, String) {
         .expect("the demo server")
 }
 
-fn demo_server_on_this_thread() -> (tempfile::TempDir, String) {
+fn demo_server_on_this_thread() -> (crate::helpers::OwnServer, String) {
     let mut files: Vec<_> = std::fs::read_dir(shared().join("data/corpus/rust-book/src"))
         .unwrap()
         .map(|e| e.unwrap().path())
