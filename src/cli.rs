@@ -81,6 +81,16 @@ pub enum Command {
         #[arg(long, default_value_t = 256)]
         batch: usize,
     },
+    /// Compute every chunk's passage keys and values ahead of the questions
+    /// (`generation.passage_reuse = "passages"`): they go to disk beside the index
+    /// (`generation.passage_disk_mib`), so the first question that retrieves a chunk places
+    /// them instead of computing them. Chunks already on disk are skipped; run it again
+    /// after ingesting.
+    Precompute {
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Answer one question from the command line (same path as POST /v1/query).
     Ask {
         question: String,

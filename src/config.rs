@@ -590,6 +590,10 @@ impl Default for Config {
                 prefill_chunk_tokens: default_prefill_chunk(),
                 passage_reuse: Default::default(),
                 passage_cache_mib: crate::query::generate::default_passage_cache_mib(),
+                passage_disk_mib: crate::query::generate::default_passage_disk_mib(),
+                passage_recompute_tokens: crate::query::generate::default_passage_recompute_tokens(
+                ),
+                passage_key_scale: crate::query::generate::default_passage_key_scale(),
                 schedule: Default::default(),
                 max_queue: default_max_queue(),
                 cache_size: crate::query::generate::default_cache_size(),
@@ -986,6 +990,13 @@ impl Config {
                 return invalid(
                     "generation.passage_reuse",
                     "needs generation.continuous_batching = true and no generation.draft (passages are placed by the chunked prefill of continuous batching); set it to \"off\" or turn continuous batching on".to_string(),
+                );
+            }
+            let scale = self.generation.passage_key_scale;
+            if !(scale.is_finite() && scale > 0.0 && scale <= 4.0) {
+                return invalid(
+                    "generation.passage_key_scale",
+                    format!("must be above 0 and at most 4 (1 leaves placed keys as they are), not {scale}"),
                 );
             }
             if self.generation.passage_cache_mib == 0 {

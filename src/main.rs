@@ -569,6 +569,7 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             let result = docent::tools::bench::generate::run(&opts).await?;
             print_report(&result, json)
         }
+        Command::Precompute { json } => precompute(&config, json).await,
         Command::Ask {
             question,
             json,
@@ -886,4 +887,49 @@ async fn train_refusal(config: &Config, a: docent::cli::TrainRefusal) -> anyhow:
     };
     let report = docent::tools::train_refusal::run(config, &settings).await?;
     print_report(&report, a.json)
+}
+
+/// `docent precompute`: every chunk's passage block, to disk beside the index.
+async fn precompute(config: &docent::config::Config, json: bool) -> anyhow::Result<ExitCode> {
+    use docent::query::generate::reuse::PassageReuse;
+    if config.generation.passage_reuse != PassageReuse::Passages {
+        anyhow::bail!(
+            "docent precompute computes passages' keys and values for generation.passage_reuse = \"passages\" (now {:?}): set it in docent.toml or DOCENT_GENERATION__PASSAGE_REUSE=passages",
+            config.generation.passage_reuse
+        );
+    }
+    if config.generation.passage_disk_mib == 0 {
+        tracing::warn!("generation.passage_disk_mib = 0: the blocks stay in this process's memory and are lost when it ends");
+    }
+    let index = startup::open_index(config).await?;
+    let engine = startup::query_engine(config, index).await?;
+    let bar = indicatif::ProgressBar::new(0).with_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} chunks, {elapsed} ({eta} left)",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let report = engine
+        .precompute_passages(&|done, total| {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        })
+        .await?;
+    bar.finish_and_clear();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "{} chunks of {} documents: {} computed, {} already kept, {} left to the questions (not clean for the safety filter) in {:.1} s; on disk {} blocks, {:.1} MiB",
+            report.chunks,
+            report.documents,
+            report.computed,
+            report.chunks - report.computed - report.skipped,
+            report.skipped,
+            report.seconds,
+            report.disk_files,
+            report.disk_bytes as f64 / (1 << 20) as f64
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }

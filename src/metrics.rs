@@ -51,6 +51,8 @@ pub struct Metrics {
     pub passage_cache: IntCounterVec,
     /// Bytes the passage cache holds in memory.
     pub passage_cache_bytes: IntGauge,
+    /// Bytes of passage blocks on disk.
+    pub passage_cache_disk_bytes: IntGauge,
 }
 
 fn histogram(name: &str, help: &str, labels: &[&str], buckets: Vec<f64>) -> HistogramVec {
@@ -128,12 +130,17 @@ impl Metrics {
             ),
             passage_cache: counter(
                 "docent_passage_cache_total",
-                "Passage-cache lookups by result (hit, miss).",
+                "Passage-cache lookups by result (hit: in memory or on disk, miss).",
                 &["result"],
             ),
             passage_cache_bytes: IntGauge::new(
                 "docent_passage_cache_bytes",
                 "Bytes of passages' keys and values the passage cache holds in memory.",
+            )
+            .expect("static metric definition"),
+            passage_cache_disk_bytes: IntGauge::new(
+                "docent_passage_cache_disk_bytes",
+                "Bytes of passages' keys and values on disk beside the index.",
             )
             .expect("static metric definition"),
         };
@@ -153,6 +160,7 @@ impl Metrics {
             Box::new(m.rejected.clone()),
             Box::new(m.passage_cache.clone()),
             Box::new(m.passage_cache_bytes.clone()),
+            Box::new(m.passage_cache_disk_bytes.clone()),
         ] {
             r.register(c).expect("metric names are unique");
         }

@@ -80,6 +80,18 @@ pub(crate) fn default_passage_cache_mib() -> usize {
     1024
 }
 
+pub(crate) fn default_passage_disk_mib() -> usize {
+    4096
+}
+
+pub(crate) fn default_passage_recompute_tokens() -> usize {
+    32
+}
+
+pub(crate) fn default_passage_key_scale() -> f32 {
+    1.0
+}
+
 pub(crate) fn default_prefill_chunk() -> usize {
     256
 }
@@ -206,6 +218,22 @@ pub struct GenerationConfig {
     /// The most passage keys and values kept in memory, in MiB, least recently used evicted.
     #[serde(default = "default_passage_cache_mib")]
     pub passage_cache_mib: usize,
+    /// The most passage keys and values kept on disk beside the index
+    /// (`<data_dir>/passages/`, 8-bit), in MiB, least recently used evicted; 0 keeps them
+    /// in memory only.
+    #[serde(default = "default_passage_disk_mib")]
+    pub passage_disk_mib: usize,
+    /// In the passage mode, a passage in place 2 or later has this many of its first
+    /// tokens prefilled rather than placed, so that they read the passages before it (the
+    /// rest of its block never did); 0 places whole blocks.
+    #[serde(default = "default_passage_recompute_tokens")]
+    pub passage_recompute_tokens: usize,
+    /// In the passage mode, the keys of a passage in place 2 or later are multiplied by
+    /// this, so what reads them attends to them with logits this much smaller (below 1:
+    /// flatter; the passages before never shaped them, as APE's attention temperature
+    /// corrects); 1 leaves them.
+    #[serde(default = "default_passage_key_scale")]
+    pub passage_key_scale: f32,
     /// With continuous batching, the order in which prompts start (see [`Schedule`]).
     #[serde(default)]
     pub schedule: Schedule,
@@ -473,6 +501,9 @@ pub struct Generator {
     /// `generation.passage_reuse` and its blocks (`None` when off or not possible).
     reuse: reuse::PassageReuse,
     passages: Option<Arc<reuse::PassageCache>>,
+    /// `generation.passage_recompute_tokens`, `generation.passage_key_scale`.
+    recompute_tokens: usize,
+    key_scale: f32,
 }
 
 /// The passage cache of a model under `config` (`generation.passage_reuse`): `None` when
@@ -481,15 +512,19 @@ fn passage_cache(config: &GenerationConfig, source: &Source) -> Option<Arc<reuse
     if config.passage_reuse == reuse::PassageReuse::Off {
         return None;
     }
-    let rope = match source {
-        Source::Gguf { dir, file } => reuse::Rope::of_gguf(&dir.join(file)),
+    let found = match source {
+        Source::Gguf { dir, file } => {
+            let path = dir.join(file);
+            reuse::Rope::of_gguf(&path).map(|rope| (rope, path))
+        }
         _ => None,
     };
-    match rope {
-        Some(rope) => Some(Arc::new(reuse::PassageCache::new(
-            rope,
-            config.passage_cache_mib << 20,
-        ))),
+    match found {
+        Some((rope, path)) => {
+            let mut cache = reuse::PassageCache::new(rope, config.passage_cache_mib << 20);
+            cache.model_file = path;
+            Some(Arc::new(cache))
+        }
         None => {
             tracing::warn!(
                 model = %config.model.display(),
@@ -498,6 +533,68 @@ fn passage_cache(config: &GenerationConfig, source: &Source) -> Option<Arc<reuse
             None
         }
     }
+}
+
+/// Where a prompt's passages lie ([`Generator::passage_units`]).
+struct PassageUnits {
+    /// The tokens the blocks are computed after.
+    context: Vec<u32>,
+    /// Where place 1 starts when a block there is exact (not for a fenced prompt).
+    first: Option<usize>,
+    /// Each passage found: where it starts in the prompt, its tokens.
+    units: Vec<(usize, Vec<u32>)>,
+}
+
+/// `block` as a splice at `start`: its keys turned by the offset from where it was
+/// computed and multiplied by `key_scale` (`generation.passage_key_scale`: what later
+/// tokens' attention logits to them are multiplied by), less its first `head` tokens
+/// (prefilled instead, so they read what comes before: `generation.passage_recompute_tokens`);
+/// `None` when nothing is left to place.
+fn place(
+    cache: &reuse::PassageCache,
+    block: &reuse::Block,
+    start: usize,
+    head: usize,
+    key_scale: f32,
+    in_place: bool,
+) -> mistralrs::Result<Option<mistralrs::core::KvSplice>> {
+    let n = block.tokens.len();
+    if head >= n {
+        return Ok(None);
+    }
+    let delta = start as i64 - block.context_len as i64;
+    let scaled = key_scale != 1.0;
+    let layers = if head == 0 && delta == 0 && !scaled {
+        block.layers.clone()
+    } else {
+        let cut = |t: &mistralrs::Tensor| -> mistralrs::Result<mistralrs::Tensor> {
+            if head == 0 {
+                Ok(t.clone())
+            } else {
+                t.narrow(2, head, n - head)?.force_contiguous()
+            }
+        };
+        let layers = block
+            .layers
+            .iter()
+            .map(|(k, v)| {
+                let k = cache.rope.turn(&cut(k)?, delta)?;
+                let k = if scaled {
+                    k.affine(f64::from(key_scale), 0.0)?
+                } else {
+                    k
+                };
+                Ok((k, cut(v)?))
+            })
+            .collect::<mistralrs::Result<Vec<_>>>()?;
+        Arc::new(layers)
+    };
+    Ok(Some(mistralrs::core::KvSplice {
+        start: start + head,
+        tokens: block.tokens[head..].to_vec(),
+        layers,
+        exact: in_place && block.exact && head == 0 && !scaled,
+    }))
 }
 
 /// What passage reuse does for one answer's request ([`Generator::reuse_plan`]).
@@ -1070,6 +1167,8 @@ impl Generator {
                 draft_model: config.draft.is_some(),
             },
             reuse: config.passage_reuse,
+            recompute_tokens: config.passage_recompute_tokens,
+            key_scale: config.passage_key_scale,
             passages,
         })
     }
@@ -1230,10 +1329,52 @@ impl Generator {
         Ok(stream)
     }
 
+    /// Where `prompt`'s passages lie in its tokens, and the tokens their blocks are
+    /// computed after: the prompt's own up to its first passage, or, for a fenced prompt
+    /// (`safety.spotlight`: a fence new each request), the same prompt's in the cache's
+    /// fence (never exact then: the tokens before the passages differ). `None` when no
+    /// passage is found.
+    async fn passage_units(
+        &self,
+        cache: &reuse::PassageCache,
+        prompt: &Prompt,
+    ) -> Result<Option<PassageUnits>, GenerateError> {
+        let ids = self.prompt_ids(prompt).await?;
+        let units = reuse::find_units(&ids, &prompt.passages, |t| (self.ids)(t));
+        let fenced = !prompt.fence.is_empty();
+        let (home_ids, home_units) = if fenced {
+            let home = prompt.with_fence(&cache.fence());
+            let ids = self.prompt_ids(&home).await?;
+            let units = reuse::find_units(&ids, &home.passages, |t| (self.ids)(t));
+            (ids, units)
+        } else {
+            (ids, units.clone())
+        };
+        let Some(first) = home_units.iter().flatten().map(|u| u.0).next() else {
+            return Ok(None);
+        };
+        let units = units
+            .into_iter()
+            .zip(home_units)
+            .filter_map(|(u, h)| match (u, h) {
+                (Some(u), Some(h)) if u.1 == h.1 => Some(u),
+                _ => None,
+            })
+            .collect();
+        Ok(Some(PassageUnits {
+            context: home_ids[..first].to_vec(),
+            first: (!fenced).then_some(first),
+            units,
+        }))
+    }
+
     /// Passage reuse for `prompt` (`generation.passage_reuse`, [`reuse`]): the blocks the
     /// engine places into its cache, and the reader that keeps the first passage's block
     /// from this prefill when the cache lacks it (that block is exact in place 1). Nothing
-    /// when off, when the prompt quotes no passage, or when none is found in its tokens.
+    /// when off, when the prompt quotes no passage, or when none is found in its tokens; a
+    /// fenced prompt's passages are computed in the cache's fence, and never in the exact
+    /// mode. In a later place a block's first `generation.passage_recompute_tokens` tokens
+    /// are prefilled instead, so that they read the passages before them.
     async fn reuse_plan(&self, prompt: &Prompt) -> Result<ReusePlan, GenerateError> {
         let mut plan = ReusePlan::default();
         let Some(cache) = self
@@ -1243,16 +1384,17 @@ impl Generator {
         else {
             return Ok(plan);
         };
-        let ids = self.prompt_ids(prompt).await?;
-        let units = reuse::find_units(&ids, &prompt.passages, |t| (self.ids)(t));
-        let Some(first) = units.iter().flatten().map(|u| u.0).next() else {
+        let exact_mode = self.reuse == reuse::PassageReuse::Exact;
+        if exact_mode && !prompt.fence.is_empty() {
+            return Ok(plan);
+        }
+        let Some(found) = self.passage_units(cache, prompt).await? else {
             return Ok(plan);
         };
-        let context = &ids[..first];
-        let context_hash = reuse::hash_tokens(0, context);
-        for (start, tokens) in units.into_iter().flatten() {
-            let in_place = start == first;
-            if self.reuse == reuse::PassageReuse::Exact && !in_place {
+        let context_hash = reuse::hash_tokens(0, &found.context);
+        for (i, (start, tokens)) in found.units.into_iter().enumerate() {
+            let in_place = found.first == Some(start);
+            if exact_mode && !in_place {
                 break;
             }
             let block = match cache.get(context_hash, &tokens) {
@@ -1261,36 +1403,63 @@ impl Generator {
                     // prefilled in place by this request, exactly; kept from it
                     plan.keep = Some(Arc::new(reuse::KvReader::new(
                         cache.clone(),
-                        context.to_vec(),
+                        found.context.clone(),
                         tokens,
                     )));
                     continue;
                 }
-                None => match self.compute_block(cache, context, tokens.clone()).await? {
+                None => match self
+                    .compute_block(cache, &found.context, tokens.clone())
+                    .await?
+                {
                     Some(b) => b,
                     None => continue,
                 },
             };
-            let delta = start as i64 - block.context_len as i64;
-            let layers = if delta == 0 {
-                block.layers.clone()
+            // the first passage read only the prefix in a prefill too
+            let (head, scale) = if i == 0 {
+                (0, 1.0)
             } else {
-                let turned = block
-                    .layers
-                    .iter()
-                    .map(|(k, v)| Ok((cache.rope.turn(k, delta)?, v.clone())))
-                    .collect::<mistralrs::Result<Vec<_>>>()
-                    .map_err(|e| GenerateError::Engine(e.to_string()))?;
-                Arc::new(turned)
+                (self.recompute_tokens, self.key_scale)
             };
-            plan.splices.push(mistralrs::core::KvSplice {
-                start,
-                tokens,
-                layers,
-                exact: in_place,
-            });
+            if let Some(splice) = place(cache, &block, start, head, scale, in_place)
+                .map_err(|e| GenerateError::Engine(e.to_string()))?
+            {
+                plan.splices.push(splice);
+            }
         }
         Ok(plan)
+    }
+
+    /// Computes the blocks of `prompt`'s passages that neither memory nor disk holds
+    /// (`docent precompute`: every chunk ahead of the questions); how many it computed.
+    /// Nothing unless `generation.passage_reuse = "passages"`.
+    pub async fn precompute_passages(&self, prompt: &Prompt) -> Result<usize, GenerateError> {
+        let Some(cache) = self
+            .passages
+            .as_ref()
+            .filter(|_| self.reuse == reuse::PassageReuse::Passages)
+        else {
+            return Ok(0);
+        };
+        let Some(found) = self.passage_units(cache, prompt).await? else {
+            return Ok(0);
+        };
+        let context_hash = reuse::hash_tokens(0, &found.context);
+        let mut computed = 0;
+        for (_, tokens) in found.units {
+            if cache.contains(context_hash, &tokens) {
+                continue;
+            }
+            if self
+                .compute_block(cache, &found.context, tokens)
+                .await?
+                .is_some()
+            {
+                computed += 1;
+            }
+        }
+        Ok(computed)
     }
 
     /// A passage's block computed after `context` (one greedy step over both; the
@@ -1312,6 +1481,46 @@ impl Generator {
             .await?;
         cache.note_computed(started.elapsed());
         Ok(reader.take())
+    }
+
+    /// Keeps passage blocks on disk under `root` too (`generation.passage_disk_mib`), in a
+    /// folder of this model's own (named by a hash of its file): blocks written by an
+    /// earlier run of the same model and prompt are read instead of computed. Nothing
+    /// unless `generation.passage_reuse = "passages"`, nor when `limit_mib` is 0.
+    pub async fn attach_passage_disk(&self, root: &Path, limit_mib: usize) -> std::io::Result<()> {
+        // the exact mode places only a prefill's own keys and values, never 8-bit ones
+        let Some(cache) = self
+            .passages
+            .clone()
+            .filter(|_| limit_mib > 0 && self.reuse == reuse::PassageReuse::Passages)
+        else {
+            return Ok(());
+        };
+        let (root, model) = (root.to_path_buf(), cache.model_file.clone());
+        let salt = format!("{:?}", cache.rope);
+        let started = Instant::now();
+        let blocks = tokio::task::spawn_blocking(move || {
+            let dir = reuse::disk::model_dir(&root, &model, &salt)?;
+            reuse::disk::DiskBlocks::open(&dir, (limit_mib as u64) << 20)
+        })
+        .await
+        .map_err(std::io::Error::other)??;
+        let stats = blocks.stats();
+        tracing::info!(dir = %blocks.dir().display(), files = stats.files, bytes = stats.bytes, ms = started.elapsed().as_millis() as u64, "passage blocks on disk");
+        cache.attach_disk(blocks);
+        Ok(())
+    }
+
+    /// Waits until every passage block kept so far is written to disk.
+    pub async fn flush_passages(&self) {
+        if let Some(cache) = self.passages.clone() {
+            let _ = tokio::task::spawn_blocking(move || cache.flush_disk()).await;
+        }
+    }
+
+    /// The fence fenced prompts' passages are computed in (`None` without reuse).
+    pub fn reuse_fence(&self) -> Option<String> {
+        self.passages.as_ref().map(|c| c.fence())
     }
 
     /// Forgets every passage block (measurements of cold prefills).

@@ -3,7 +3,8 @@
 //!
 //! - [`request`]: the request bodies and their checks;
 //! - [`answer`]: the one orchestration of an answer (JSON and streamed alike);
-//! - [`response`]: the bodies and events returned; [`cache`]: the answer cache.
+//! - [`response`]: the bodies and events returned; [`cache`]: the answer cache;
+//! - [`precompute`]: passages' keys and values computed ahead of the questions.
 //!
 //! [`QueryEngine`] holds the stages' shared state.
 
@@ -12,6 +13,7 @@ mod cache;
 pub mod embed;
 pub mod generate;
 pub mod postprocess;
+pub mod precompute;
 pub mod prompt;
 pub mod request;
 pub mod response;

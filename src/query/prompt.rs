@@ -128,6 +128,24 @@ pub struct Prompt {
 }
 
 impl Prompt {
+    /// The same prompt quoted in `fence` instead of its own (passage reuse computes a
+    /// fenced prompt's passages in a fence of its own: the request's fence stays new and
+    /// unknown to documents, the passages' keys and values stay the same across requests).
+    pub fn with_fence(&self, fence: &str) -> Prompt {
+        if self.fence.is_empty() {
+            return self.clone();
+        }
+        let swap = |s: &str| s.replace(&self.fence, fence);
+        Prompt {
+            system: swap(&self.system),
+            history: self.history.clone(),
+            user: swap(&self.user),
+            check: swap(&self.check),
+            fence: fence.to_string(),
+            passages: self.passages.clone(),
+        }
+    }
+
     /// The prompt's own markup, which an answer must not repeat: the fence tags.
     pub fn markup(&self) -> Vec<String> {
         if self.fence.is_empty() {
@@ -401,7 +419,7 @@ mod tests {
         assert!(p.system.contains("[1]"), "system asks for [n] citations");
         assert!(
             p.user.contains(
-                "[1] <doc-f>A crate is a compilation unit.</doc-f>\n\n[2] <doc-f>Unrelated.</doc-f>"
+                "[1] <doc-f>\nA crate is a compilation unit.\n</doc-f>\n\n[2] <doc-f>\nUnrelated.\n</doc-f>"
             ),
             "{}",
             p.user

@@ -98,8 +98,17 @@ pub fn ingestor_with(
 /// The query path over an open index: loads the templates and the generation model.
 pub async fn query_engine(config: &Config, index: Index) -> anyhow::Result<QueryEngine> {
     config.check_generation_files()?;
-    let generator = std::sync::Arc::new(Generator::load(&config.generation).await?);
-    query_engine_with(config, index, generator)
+    let generator = Generator::load(&config.generation).await?;
+    generator
+        .attach_passage_disk(&config.data_dir.join("passages"), config.generation.passage_disk_mib)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot keep passage blocks under {}: {e} (generation.passage_disk_mib = 0 keeps them in memory only)",
+                config.data_dir.join("passages").display()
+            )
+        })?;
+    query_engine_with(config, index, std::sync::Arc::new(generator))
 }
 
 /// The templates as the query path fills them (spotlighting and refusal phrase as configured).

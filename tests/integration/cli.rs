@@ -151,3 +151,76 @@ fn models_lists_the_catalog_with_what_is_installed_and_configured() {
         "{text}"
     );
 }
+
+/// `docent precompute` computes every chunk's passage block to disk beside the index; a
+/// second run (another process: what a restart sees) finds them all there and computes
+/// none; a changed document is computed again; asking afterwards works. Refused, with the
+/// setting to change, when passage reuse is not `passages`. SmolLM2, two Rust Book chapters.
+#[test]
+fn precompute_puts_every_chunk_on_disk_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let index = dir.path().join("index");
+    let doc = dir.path().join("facts.md");
+    std::fs::write(&doc, "The docent test suite's password is periwinkle.\n").unwrap();
+    run_ok(
+        docent_cmd(&index)
+            .arg("ingest")
+            .arg(crate::helpers::rust_book(crate::helpers::INSTALLATION))
+            .arg(&doc),
+    );
+    let out = docent_cmd(&index).arg("precompute").output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("DOCENT_GENERATION__PASSAGE_REUSE=passages"),
+        "{err}"
+    );
+
+    let precompute = || -> Value {
+        let out = run_ok(
+            docent_cmd(&index)
+                .env("DOCENT_GENERATION__PASSAGE_REUSE", "passages")
+                .args(["precompute", "--json"]),
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let first = precompute();
+    eprintln!("{first:#}");
+    let chunks = first["chunks"].as_u64().unwrap();
+    assert!(chunks >= 3, "{first}");
+    assert_eq!(first["documents"], 2);
+    assert_eq!(
+        first["computed"].as_u64().unwrap() + first["skipped"].as_u64().unwrap(),
+        chunks,
+        "{first}"
+    );
+    assert_eq!(first["disk_files"], first["computed"], "{first}");
+    assert!(first["disk_bytes"].as_u64().unwrap() > 0);
+    let passages = index.join("passages");
+    assert!(passages.is_dir());
+
+    let second = precompute();
+    assert_eq!(second["computed"], 0, "all on disk already: {second}");
+    assert_eq!(second["disk_files"], first["disk_files"]);
+
+    // a changed document: its chunk is another block
+    std::fs::write(&doc, "The docent test suite's password is now marigold.\n").unwrap();
+    run_ok(docent_cmd(&index).arg("ingest").arg(&doc));
+    let third = precompute();
+    assert_eq!(third["computed"], 1, "{third}");
+
+    let out = run_ok(
+        docent_cmd(&index)
+            .env("DOCENT_GENERATION__PASSAGE_REUSE", "passages")
+            .args([
+                "ask",
+                "--json",
+                "What is the password of the docent test suite?",
+            ]),
+    );
+    let body: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        !body["answer"].as_str().unwrap().trim().is_empty(),
+        "{body}"
+    );
+}

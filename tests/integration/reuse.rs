@@ -27,12 +27,24 @@ fn blocks<'a>(texts: &[&'a str]) -> Vec<ContextBlock<'a>> {
         .collect()
 }
 
-async fn load(model: &std::path::Path, reuse: PassageReuse, prefix_cache: bool) -> Generator {
+/// A generator with passage reuse as `reuse`, whole blocks placed (no recomputed tokens)
+/// unless `recompute` says otherwise.
+async fn load_with(
+    model: &std::path::Path,
+    reuse: PassageReuse,
+    prefix_cache: bool,
+    recompute: usize,
+) -> Generator {
     let mut c = crate::helpers::generation();
     c.model = model.to_path_buf();
     c.passage_reuse = reuse;
     c.prefix_cache = prefix_cache;
+    c.passage_recompute_tokens = recompute;
     Generator::load(&c).await.unwrap()
+}
+
+async fn load(model: &std::path::Path, reuse: PassageReuse, prefix_cache: bool) -> Generator {
+    load_with(model, reuse, prefix_cache, 0).await
 }
 
 fn prompts(dir: &std::path::Path) -> Prompts {
@@ -194,6 +206,31 @@ async fn a_placed_passage_has_a_full_prefills_first_layer_at_its_place() {
     assert!(kl > 1e-3 || vl > 1e-3, "the last layer differs: {kl} {vl}");
     assert!(place1 < 1e-4, "place 1: {place1}");
 
+    // with `passage_recompute_tokens` the first tokens of place 2 are prefilled: they read
+    // place 1 and equal the full prefill's in the last layer too; the rest stay placed
+    let head = 16;
+    assert!(u2.len() > head + 4);
+    let recomputing = load_with(&qwen_0_5b(), PassageReuse::Passages, false, head).await;
+    recomputing.prompt_kv(&prompt, true).await.unwrap();
+    let mixed = recomputing
+        .prompt_kv(&prompt, true)
+        .await
+        .unwrap()
+        .expect("kv");
+    let (read, placed) = (p2..p2 + head, p2 + head..p2 + u2.len());
+    let (kr, vr) = (
+        rel_diff(&mixed[last].0, &want[last].0, read.clone()),
+        rel_diff(&mixed[last].1, &want[last].1, read),
+    );
+    let (kp, vp) = (
+        rel_diff(&mixed[last].0, &want[last].0, placed.clone()),
+        rel_diff(&mixed[last].1, &want[last].1, placed),
+    );
+    eprintln!("place 2 with {head} recomputed, last layer: those keys {kr:.2e} values {vr:.2e}; the placed rest keys {kp:.2e} values {vp:.2e}");
+    assert!(kr < 1e-3 && vr < 1e-3, "recomputed tokens: {kr} {vr}");
+    assert!(kp > 1e-3 || vp > 1e-3, "the placed rest: {kp} {vp}");
+    drop(recomputing);
+
     // the answer from the placed blocks still reads the parking passage
     let text = answer(&reusing, &prompt).await;
     eprintln!("passage mode: {text:?}");
@@ -202,4 +239,167 @@ async fn a_placed_passage_has_a_full_prefills_first_layer_at_its_place() {
         "{text}"
     );
     assert!(reusing.reuse_stats().unwrap().hits >= 2);
+}
+
+/// Waits until the passage writer has `files` blocks on disk (it writes on a thread of its
+/// own); the stats then.
+async fn wait_for_files(g: &Generator, files: usize) -> docent::query::generate::reuse::ReuseStats {
+    for _ in 0..600 {
+        let s = g.reuse_stats().unwrap();
+        if s.disk.is_some_and(|d| d.files >= files) {
+            return s;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("{files} blocks were not written: {:?}", g.reuse_stats());
+}
+
+/// Blocks on disk (`generation.passage_disk_mib`): written once computed, read back after
+/// the memory is emptied (a restart's view) within 8-bit's error of the prefill's, a
+/// truncated file detected, deleted and its block computed again, never served; another
+/// model file is another folder; memory and disk stay within their bounds while answers
+/// run at once. On SmolLM2 (the disk is the model's bytes, whatever the model).
+#[tokio::test]
+async fn blocks_on_disk_are_read_back_and_damaged_ones_computed_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let prompts = prompts(dir.path());
+    let smol = config(dir.path()).generation.model;
+    let mut c = crate::helpers::generation();
+    c.model = smol.clone();
+    c.passage_reuse = PassageReuse::Passages;
+    c.prefix_cache = false;
+    c.passage_cache_mib = 8;
+    c.passage_recompute_tokens = 0;
+    let g = Generator::load(&c).await.unwrap();
+    let root = dir.path().join("passages");
+    g.attach_passage_disk(&root, 2).await.unwrap();
+    let prompt = prompts
+        .render(
+            "Where do visitors park?",
+            &blocks(&[PRINTER, PARKING, KITCHEN]),
+        )
+        .unwrap();
+
+    // computed: place 1 kept from the prefill, places 2 and 3 computed ahead
+    let in_memory = g.prompt_kv(&prompt, true).await.unwrap().expect("kv");
+    let s = wait_for_files(&g, 3).await;
+    assert_eq!((s.computed, s.disk_hits), (2, 0), "{s:?}");
+    let folder: Vec<_> = std::fs::read_dir(&root).unwrap().collect();
+    assert_eq!(folder.len(), 1, "one folder for the model");
+    let model_dir = folder[0].as_ref().unwrap().path();
+
+    // the memory emptied: every block read from disk, nothing computed
+    g.clear_passages();
+    let from_disk = g.prompt_kv(&prompt, true).await.unwrap().expect("kv");
+    let s = g.reuse_stats().unwrap();
+    assert_eq!((s.computed, s.disk_hits), (2, 3), "{s:?}");
+    let ids = g.prompt_ids(&prompt).await.unwrap();
+    let units = find_units(&ids, &prompt.passages, |t| g.encode(t));
+    for (at, unit) in units.iter().flatten() {
+        let range = *at..at + unit.len();
+        for l in [0, in_memory.len() - 1] {
+            let (k, v) = (
+                rel_diff(&from_disk[l].0, &in_memory[l].0, range.clone()),
+                rel_diff(&from_disk[l].1, &in_memory[l].1, range.clone()),
+            );
+            eprintln!("disk vs memory, place at {at}, layer {l}: keys {k:.2e} values {v:.2e}");
+            // 8-bit rows: about 1 % (relative); and not the same numbers
+            assert!(k < 0.02 && v < 0.02, "{k} {v}");
+            assert!(k > 0.0 || v > 0.0, "read from disk, not memory");
+        }
+    }
+
+    // a truncated file: detected, deleted, its block computed (or prefilled) again
+    let victim = std::fs::read_dir(&model_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "kv"))
+        .unwrap();
+    let len = std::fs::metadata(&victim).unwrap().len();
+    std::fs::File::options()
+        .write(true)
+        .open(&victim)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    g.clear_passages();
+    let again = g.prompt_kv(&prompt, true).await.unwrap().expect("kv");
+    let s = wait_for_files(&g, 3).await;
+    let d = s.disk.unwrap();
+    assert_eq!((d.corrupt, s.disk_hits), (1, 5), "{s:?}");
+    assert_eq!(
+        std::fs::metadata(&victim).unwrap().len(),
+        len,
+        "written again"
+    );
+    assert_eq!(again.len(), in_memory.len());
+
+    // another model file is another folder; the same file the same one
+    let salt = format!("{:?}", "x");
+    let a = docent::query::generate::reuse::disk::model_dir(&root, &smol, &salt).unwrap();
+    let b = docent::query::generate::reuse::disk::model_dir(&root, &smol, &salt).unwrap();
+    let stories = crate::helpers::shared().join("models/stories260K/stories260K.gguf");
+    let other = docent::query::generate::reuse::disk::model_dir(&root, &stories, &salt).unwrap();
+    assert_eq!(a, b);
+    assert_ne!(a, other);
+
+    // answers at once over many passages: memory (8 MiB) and disk (2 MiB) stay bounded
+    let texts: Vec<String> = (0..8)
+        .map(|i| format!("Room {i} on floor {} has {} desks and a window facing the {} courtyard, used by team {i} on weekdays.", i % 4, 4 + i, ["north", "south"][i % 2]))
+        .collect();
+    let asks = (0..4).map(|i| {
+        let blocks = blocks(&[&texts[2 * i], &texts[2 * i + 1], PRINTER]);
+        let p = prompts
+            .render("Which room has the most desks?", &blocks)
+            .unwrap();
+        let g = &g;
+        async move { answer(g, &p).await }
+    });
+    let answers = futures::future::join_all(asks).await;
+    assert!(answers.iter().all(|a| !a.trim().is_empty()));
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let s = g.reuse_stats().unwrap();
+    eprintln!("after concurrent answers: {s:?}");
+    assert!(s.bytes <= 8 << 20, "{s:?}");
+    assert!(s.disk.unwrap().bytes <= 2 << 20, "{s:?}");
+    assert!(s.blocks >= 2, "{s:?}");
+}
+
+/// Spotlighting (`safety.spotlight`) quotes passages in a fence that is new for each
+/// request; the passages are computed once in the cache's own fence and placed into every
+/// request's prompt, whose fence stays new: the second request with the same passages
+/// places all three (the later two less their first 16 tokens) and computes none, and its
+/// answer still reads them.
+#[tokio::test]
+async fn fenced_prompts_reuse_their_passages_across_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let prompts = prompts(dir.path()).spotlight(true);
+    let g = load_with(&qwen_0_5b(), PassageReuse::Passages, false, 16).await;
+    let question = "Where do visitors park?";
+    // the parking passage first: with it in place 2 the 0.5B answers from the printer
+    // passage even with a full prefill of the fenced prompt (measured)
+    let texts = [PARKING, PRINTER, KITCHEN];
+    let first = prompts.render(question, &blocks(&texts)).unwrap();
+    let second = prompts.render(question, &blocks(&texts)).unwrap();
+    assert_ne!(first.fence, second.fence, "a new fence per request");
+    assert!(!first.user.contains(&g.reuse_fence().unwrap()));
+    answer(&g, &first).await;
+    let s = g.reuse_stats().unwrap();
+    assert_eq!(
+        (s.computed, s.hits),
+        (3, 0),
+        "computed in the cache's fence: {s:?}"
+    );
+    let placed = mistralrs::core::kv_spliced_positions();
+    let text = answer(&g, &second).await;
+    let s = g.reuse_stats().unwrap();
+    assert_eq!((s.computed, s.hits), (3, 3), "all placed: {s:?}");
+    let spliced = mistralrs::core::kv_spliced_positions() - placed;
+    assert!(spliced >= s.tokens - 2 * 16, "{spliced} of {}", s.tokens);
+    eprintln!("fenced, placed: {text:?}");
+    assert!(
+        text.contains("-2") || text.to_lowercase().contains("underground"),
+        "{text}"
+    );
+    assert!(!text.contains(&second.fence), "{text}");
 }

@@ -16,6 +16,8 @@
 //! keys and values are a prefill's; `passages` places every block it has, and computes the
 //! missing ones (a one-token request each) before the answer's own request.
 
+pub mod disk;
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -131,6 +133,9 @@ pub struct Block {
     /// Per layer (1, kv heads, tokens, head dim), keys at positions `context_len..`.
     pub layers: Arc<Vec<(Tensor, Tensor)>>,
     pub bytes: usize,
+    /// Whether the keys and values are the prefill's own (false: read back from 8-bit on
+    /// disk), so that in place 1 they are exact.
+    pub exact: bool,
 }
 
 impl Block {
@@ -149,6 +154,7 @@ impl Block {
             tokens,
             layers: Arc::new(layers),
             bytes,
+            exact: true,
         }
     }
 }
@@ -178,6 +184,10 @@ pub struct ReuseStats {
     pub bytes: usize,
     /// Passage tokens the blocks hold.
     pub tokens: usize,
+    /// Lookups missed in memory and read from disk (counted in `hits` too).
+    pub disk_hits: u64,
+    /// The blocks on disk (`None` without a folder).
+    pub disk: Option<disk::DiskStats>,
 }
 
 impl ReuseStats {
@@ -195,12 +205,21 @@ impl ReuseStats {
 /// The blocks, bounded in bytes, the least recently used evicted first.
 pub struct PassageCache {
     pub rope: Rope,
+    /// The model file the blocks come from (names the folder on disk).
+    pub model_file: std::path::PathBuf,
+    /// The fence a fenced prompt's passages are computed in (`safety.spotlight`; see
+    /// [`crate::query::prompt::Prompt::with_fence`]): random, never in a prompt that is
+    /// answered, kept beside the blocks on disk so they serve after a restart.
+    fence: Mutex<String>,
     limit: usize,
     inner: Mutex<Inner>,
     hits: AtomicU64,
     misses: AtomicU64,
     computed: AtomicU64,
     compute_us: AtomicU64,
+    disk_hits: AtomicU64,
+    /// The blocks on disk and the thread that writes them (`attach_disk`).
+    disk: std::sync::OnceLock<(Arc<disk::DiskBlocks>, disk::Writer)>,
 }
 
 #[derive(Default)]
@@ -215,13 +234,37 @@ impl PassageCache {
     pub fn new(rope: Rope, limit_bytes: usize) -> Self {
         PassageCache {
             rope,
+            model_file: Default::default(),
+            fence: Mutex::new(crate::query::prompt::fence()),
             limit: limit_bytes,
             inner: Mutex::default(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             computed: AtomicU64::new(0),
             compute_us: AtomicU64::new(0),
+            disk_hits: AtomicU64::new(0),
+            disk: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Keeps blocks on disk in `blocks` too: every block kept from now on is written there
+    /// (by a thread of its own), and a block missing in memory is looked for there. Only
+    /// the first folder attached counts.
+    pub fn attach_disk(&self, blocks: disk::DiskBlocks) {
+        if self.disk.get().is_some() {
+            return;
+        }
+        if let Ok(mut fence) = self.fence.lock() {
+            *fence = blocks.fence(&fence);
+        }
+        let blocks = Arc::new(blocks);
+        let writer = disk::Writer::spawn(blocks.clone());
+        let _ = self.disk.set((blocks, writer));
+    }
+
+    /// The fence fenced prompts' passages are computed in.
+    pub fn fence(&self) -> String {
+        self.fence.lock().map(|f| f.clone()).unwrap_or_default()
     }
 
     /// The key of `tokens` computed after a context hashed `context`.
@@ -243,6 +286,12 @@ impl PassageCache {
                 b.clone()
             });
         drop(inner);
+        let found = found.or_else(|| {
+            let (disk, _) = self.disk.get()?;
+            let block = disk.load(context, tokens)?;
+            self.disk_hits.fetch_add(1, Ordering::Relaxed);
+            Some(self.keep(block))
+        });
         let result = if found.is_some() { "hit" } else { "miss" };
         crate::metrics::metrics()
             .passage_cache
@@ -260,9 +309,42 @@ impl PassageCache {
         }
     }
 
+    /// Waits until every block kept so far is on disk (blocking; nothing without a disk).
+    pub fn flush_disk(&self) {
+        if let Some((_, writer)) = self.disk.get() {
+            writer.flush();
+        }
+    }
+
+    /// Whether memory or disk holds the block (not counted as a lookup).
+    pub fn contains(&self, context: u64, tokens: &[u32]) -> bool {
+        let key = Self::key(context, tokens);
+        let in_memory = {
+            let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            inner
+                .blocks
+                .get(&key)
+                .is_some_and(|(b, _)| b.context == context && b.tokens == tokens)
+        };
+        in_memory
+            || self
+                .disk
+                .get()
+                .is_some_and(|(d, _)| d.contains(context, tokens))
+    }
+
     /// Keeps `block`, evicting the least recently used beyond the limit (a block larger
     /// than the whole limit is not kept).
     pub fn put(&self, block: Block) -> Arc<Block> {
+        let block = self.keep(block);
+        if let Some((_, writer)) = self.disk.get() {
+            writer.send(block.clone());
+        }
+        block
+    }
+
+    /// Keeps `block` in memory only.
+    fn keep(&self, block: Block) -> Arc<Block> {
         let block = Arc::new(block);
         if block.bytes > self.limit {
             return block;
@@ -318,13 +400,15 @@ impl PassageCache {
             blocks: inner.blocks.len(),
             bytes: inner.bytes,
             tokens: inner.tokens,
+            disk_hits: self.disk_hits.load(Ordering::Relaxed),
+            disk: self.disk.get().map(|(d, _)| d.stats()),
         }
     }
 }
 
 /// Where each passage's tokens lie in the prompt's `ids`, in order: the first of the
 /// passage's tokenizations (with the space before it and the blank line after it, as the
-/// template writes them, then without) that occurs after the one before. `None` for a
+/// template writes them, or the line break before a closing fence, then without) that occurs after the one before. `None` for a
 /// passage not found; none ends at the prompt's last token.
 pub fn find_units(
     ids: &[u32],
@@ -339,6 +423,8 @@ pub fn find_units(
                 format!(" {p}\n\n"),
                 format!(" {p}"),
                 format!("{p}\n\n"),
+                // a fenced passage: the closing tag on the next line
+                format!("{p}\n"),
                 p.clone(),
             ];
             let found = variants.iter().find_map(|v| {

@@ -1,0 +1,548 @@
+//! Passage blocks on disk, beside the index (`<data_dir>/passages/<model>/`), so that a
+//! restart or a second process reads a passage's keys and values instead of computing them.
+//!
+//! One file per block, named by its key (the hash of the tokens before the passage, which
+//! hold the system prompt and the template's text, and of the passage's own tokens): a
+//! changed template or a changed document is another name, never a stale file. The folder is
+//! named by a hash of the model file's bytes and its RoPE, so another model never reads
+//! these. Values are 8-bit: each row of a head (one token's `head_dim` numbers) is scaled
+//! by its largest magnitude / 127 (a quarter of F32's bytes; the error is measured in
+//! `tests`). A file ends with the XXH3-64 of everything before it; a file whose checksum,
+//! header or length is wrong is deleted and counted, never served. Writes go to a temporary
+//! name first and are renamed, so a crash leaves no half-written block under a real name.
+//! The folder is bounded in bytes; the least recently used files go first.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use mistralrs::{DType, Device, Tensor};
+
+use super::Block;
+
+const MAGIC: &[u8; 8] = b"DOCENTKV";
+const VERSION: u32 = 1;
+/// magic, version, dtype, context hash, context length, tokens, layers, heads, head dim
+const HEADER: usize = 8 + 4 + 4 + 8 + 4 * 5;
+
+/// What went wrong with a file on disk.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Tensor(#[from] candle_core::Error),
+    #[error("not a passage block: {0}")]
+    Corrupt(&'static str),
+}
+
+/// The files of one model's blocks, bounded in bytes.
+pub struct DiskBlocks {
+    dir: PathBuf,
+    limit: u64,
+    index: Mutex<Index>,
+    corrupt: AtomicU64,
+}
+
+#[derive(Default)]
+struct Index {
+    /// file name → (bytes, last use)
+    files: HashMap<String, (u64, u64)>,
+    bytes: u64,
+    clock: u64,
+}
+
+/// What the folder holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DiskStats {
+    pub files: usize,
+    pub bytes: u64,
+    /// Files found damaged (and deleted) since start.
+    pub corrupt: u64,
+}
+
+/// The folder of `model`'s blocks under `root`: named by an XXH3-64 of the model file's
+/// bytes and `salt` (its RoPE and this format's version).
+pub fn model_dir(root: &Path, model: &Path, salt: &str) -> std::io::Result<PathBuf> {
+    use std::io::Read;
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    let mut file = std::fs::File::open(model)?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    hasher.update(salt.as_bytes());
+    hasher.update(&VERSION.to_le_bytes());
+    Ok(root.join(format!("{:016x}", hasher.digest())))
+}
+
+impl DiskBlocks {
+    /// Opens (creating) `dir`, bounded to `limit` bytes: temporary files a crash left are
+    /// removed, the others are known by size and age (the oldest modified are evicted
+    /// first).
+    pub fn open(dir: &Path, limit: u64) -> std::io::Result<DiskBlocks> {
+        std::fs::create_dir_all(dir)?;
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let meta = entry.metadata()?;
+            if !meta.is_file() {
+                continue;
+            }
+            if name.ends_with(".tmp") {
+                let _ = std::fs::remove_file(entry.path());
+                continue;
+            }
+            if name.ends_with(".kv") {
+                let modified = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
+                found.push((modified, name, meta.len()));
+            }
+        }
+        found.sort();
+        let mut index = Index::default();
+        for (_, name, bytes) in found {
+            index.clock += 1;
+            index.bytes += bytes;
+            index.files.insert(name, (bytes, index.clock));
+        }
+        let disk = DiskBlocks {
+            dir: dir.to_path_buf(),
+            limit,
+            index: Mutex::new(index),
+            corrupt: AtomicU64::new(0),
+        };
+        disk.evict();
+        Ok(disk)
+    }
+
+    /// The fence kept in the folder (`fence`), or `new` written there when none is (or it
+    /// is not one): fenced prompts' passages are computed in it.
+    pub fn fence(&self, new: &str) -> String {
+        let path = self.dir.join("fence");
+        let valid = |f: &str| {
+            f.strip_prefix("doc-")
+                .is_some_and(|h| h.len() == 8 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        };
+        match std::fs::read_to_string(&path) {
+            Ok(f) if valid(f.trim()) => f.trim().to_string(),
+            _ => {
+                if let Err(e) = std::fs::write(&path, new) {
+                    tracing::warn!(error = %e, file = %path.display(), "the passage fence was not kept");
+                }
+                new.to_string()
+            }
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn name(context: u64, tokens: &[u32]) -> String {
+        format!(
+            "{context:016x}-{:016x}.kv",
+            super::hash_tokens(context, tokens)
+        )
+    }
+
+    /// Whether a file for the block is there (not read).
+    pub fn contains(&self, context: u64, tokens: &[u32]) -> bool {
+        let index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        index.files.contains_key(&Self::name(context, tokens))
+    }
+
+    /// The block of `tokens` after a context hashed `context`, when its file is there and
+    /// whole; a damaged file is deleted (and counted) and `None` comes back.
+    pub fn load(&self, context: u64, tokens: &[u32]) -> Option<Block> {
+        let name = Self::name(context, tokens);
+        {
+            let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+            index.clock += 1;
+            let clock = index.clock;
+            (index.files.get_mut(&name)?).1 = clock;
+        }
+        let path = self.dir.join(&name);
+        let read = std::fs::read(&path)
+            .map_err(DiskError::from)
+            .and_then(|bytes| decode(&bytes, context, tokens));
+        match read {
+            Ok(block) => {
+                // the file's age orders evictions after a restart
+                if let Ok(f) = std::fs::File::options().write(true).open(&path) {
+                    let _ = f.set_modified(std::time::SystemTime::now());
+                }
+                Some(block)
+            }
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "a damaged passage block on disk was deleted; it is computed again");
+                self.corrupt.fetch_add(1, Ordering::Relaxed);
+                self.forget(&name);
+                None
+            }
+        }
+    }
+
+    /// Writes `block` (a temporary file renamed into place), then evicts beyond the bound.
+    pub fn store(&self, block: &Block) -> Result<(), DiskError> {
+        let bytes = encode(block)?;
+        if bytes.len() as u64 > self.limit {
+            return Ok(());
+        }
+        let name = Self::name(block.context, &block.tokens);
+        let path = self.dir.join(&name);
+        let tmp = self.dir.join(format!("{name}.{}.tmp", std::process::id()));
+        {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&bytes)?;
+        }
+        std::fs::rename(&tmp, &path)?;
+        {
+            let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+            index.clock += 1;
+            let clock = index.clock;
+            if let Some((old, _)) = index.files.insert(name, (bytes.len() as u64, clock)) {
+                index.bytes -= old;
+            }
+            index.bytes += bytes.len() as u64;
+        }
+        self.evict();
+        Ok(())
+    }
+
+    fn forget(&self, name: &str) {
+        let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((bytes, _)) = index.files.remove(name) {
+            index.bytes -= bytes;
+        }
+        let _ = std::fs::remove_file(self.dir.join(name));
+    }
+
+    fn evict(&self) {
+        let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        while index.bytes > self.limit {
+            let Some(oldest) = index
+                .files
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(n, _)| n.clone())
+            else {
+                break;
+            };
+            if let Some((bytes, _)) = index.files.remove(&oldest) {
+                index.bytes -= bytes;
+            }
+            let _ = std::fs::remove_file(self.dir.join(&oldest));
+        }
+        crate::metrics::metrics()
+            .passage_cache_disk_bytes
+            .set(index.bytes as i64);
+    }
+
+    pub fn stats(&self) -> DiskStats {
+        let index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        DiskStats {
+            files: index.files.len(),
+            bytes: index.bytes,
+            corrupt: self.corrupt.load(Ordering::Relaxed),
+        }
+    }
+}
+
+fn dtype_code(d: DType) -> Result<u32, DiskError> {
+    match d {
+        DType::F32 => Ok(0),
+        DType::F16 => Ok(1),
+        DType::BF16 => Ok(2),
+        _ => Err(DiskError::Corrupt(
+            "keys and values of an unsupported dtype",
+        )),
+    }
+}
+
+/// A block's file: header, tokens, every layer's keys then values (per row: the scale, then
+/// `head_dim` signed bytes), and the checksum.
+pub fn encode(block: &Block) -> Result<Vec<u8>, DiskError> {
+    let (k0, _) = block
+        .layers
+        .first()
+        .ok_or(DiskError::Corrupt("a block without layers"))?;
+    let (_, heads, n, head_dim) = k0.dims4()?;
+    let rows = heads * n;
+    let mut out =
+        Vec::with_capacity(HEADER + 4 * n + block.layers.len() * 2 * rows * (4 + head_dim) + 8);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&dtype_code(k0.dtype())?.to_le_bytes());
+    out.extend_from_slice(&block.context.to_le_bytes());
+    for v in [block.context_len, n, block.layers.len(), heads, head_dim] {
+        out.extend_from_slice(&(v as u32).to_le_bytes());
+    }
+    for t in &block.tokens {
+        out.extend_from_slice(&t.to_le_bytes());
+    }
+    for (k, v) in block.layers.iter() {
+        for t in [k, v] {
+            if t.dims4()? != (1, heads, n, head_dim) {
+                return Err(DiskError::Corrupt("layers of different shapes"));
+            }
+            let data = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            quantize(&data, head_dim, &mut out);
+        }
+    }
+    let sum = xxhash_rust::xxh3::xxh3_64(&out);
+    out.extend_from_slice(&sum.to_le_bytes());
+    Ok(out)
+}
+
+/// Rows of `head_dim` as their scales (f32) then their signed bytes.
+fn quantize(data: &[f32], head_dim: usize, out: &mut Vec<u8>) {
+    let scales: Vec<f32> = data
+        .chunks_exact(head_dim)
+        .map(|row| row.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0)
+        .collect();
+    for s in &scales {
+        out.extend_from_slice(&s.to_le_bytes());
+    }
+    for (row, s) in data.chunks_exact(head_dim).zip(&scales) {
+        let inv = if *s > 0.0 { 1.0 / s } else { 0.0 };
+        out.extend(
+            row.iter()
+                .map(|x| ((x * inv).round().clamp(-127.0, 127.0) as i8) as u8),
+        );
+    }
+}
+
+/// A block back from its file, checked against the key it was asked for.
+pub fn decode(bytes: &[u8], context: u64, tokens: &[u32]) -> Result<Block, DiskError> {
+    use DiskError::Corrupt;
+    if bytes.len() < HEADER + 8 {
+        return Err(Corrupt("shorter than a header"));
+    }
+    let (body, sum) = bytes.split_at(bytes.len() - 8);
+    let sum = u64::from_le_bytes(sum.try_into().map_err(|_| Corrupt("checksum"))?);
+    if xxhash_rust::xxh3::xxh3_64(body) != sum {
+        return Err(Corrupt("checksum mismatch (damaged or truncated)"));
+    }
+    let u32_at = |at: usize| -> usize {
+        u32::from_le_bytes([body[at], body[at + 1], body[at + 2], body[at + 3]]) as usize
+    };
+    if &body[..8] != MAGIC || u32_at(8) != VERSION as usize {
+        return Err(Corrupt("another format or version"));
+    }
+    let dtype = match u32_at(12) {
+        0 => DType::F32,
+        1 => DType::F16,
+        2 => DType::BF16,
+        _ => return Err(Corrupt("unknown dtype")),
+    };
+    let stored_context =
+        u64::from_le_bytes(body[16..24].try_into().map_err(|_| Corrupt("header"))?);
+    let (context_len, n, layers, heads, head_dim) =
+        (u32_at(24), u32_at(28), u32_at(32), u32_at(36), u32_at(40));
+    if stored_context != context || n != tokens.len() || head_dim == 0 {
+        return Err(Corrupt("another block's file"));
+    }
+    let rows = heads * n;
+    let tensor_bytes = rows * (4 + head_dim);
+    if body.len() != HEADER + 4 * n + layers * 2 * tensor_bytes {
+        return Err(Corrupt("length does not match the header"));
+    }
+    let stored: Vec<u32> = body[HEADER..HEADER + 4 * n]
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    if stored != tokens {
+        return Err(Corrupt("another passage's file"));
+    }
+    let mut at = HEADER + 4 * n;
+    let mut next = || -> Result<Tensor, DiskError> {
+        let part = &body[at..at + tensor_bytes];
+        at += tensor_bytes;
+        let (scales, values) = part.split_at(rows * 4);
+        let mut data = Vec::with_capacity(rows * head_dim);
+        for (s, row) in scales.chunks_exact(4).zip(values.chunks_exact(head_dim)) {
+            let s = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+            data.extend(row.iter().map(|&q| f32::from(q as i8) * s));
+        }
+        Ok(Tensor::from_vec(data, (1, heads, n, head_dim), &Device::Cpu)?.to_dtype(dtype)?)
+    };
+    let mut kv = Vec::with_capacity(layers);
+    for _ in 0..layers {
+        let k = next()?;
+        let v = next()?;
+        kv.push((k, v));
+    }
+    let mut block = Block::new(&[], tokens.to_vec(), kv);
+    block.context = context;
+    block.context_len = context_len;
+    block.exact = false;
+    Ok(block)
+}
+
+/// Writes blocks on a thread of its own, so the engine's thread never waits on the disk.
+pub struct Writer {
+    tx: Mutex<std::sync::mpsc::Sender<Job>>,
+}
+
+enum Job {
+    Write(Arc<Block>),
+    /// Answered once every block sent before it is written.
+    Flush(std::sync::mpsc::Sender<()>),
+}
+
+impl Writer {
+    pub fn spawn(disk: Arc<DiskBlocks>) -> Writer {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("docent-passage-writer".into())
+            .spawn(move || {
+                for job in rx {
+                    let block = match job {
+                        Job::Write(b) => b,
+                        Job::Flush(done) => {
+                            let _ = done.send(());
+                            continue;
+                        }
+                    };
+                    if disk.contains(block.context, &block.tokens) {
+                        continue;
+                    }
+                    if let Err(e) = disk.store(&block) {
+                        tracing::warn!(error = %e, dir = %disk.dir().display(), "a passage block was not written to disk");
+                    }
+                }
+            })
+            .map(|_| ())
+            .unwrap_or_else(|e| tracing::warn!(error = %e, "no passage writer thread"));
+        Writer { tx: Mutex::new(tx) }
+    }
+
+    pub fn send(&self, block: Arc<Block>) {
+        if let Ok(tx) = self.tx.lock() {
+            let _ = tx.send(Job::Write(block));
+        }
+    }
+
+    /// Waits until every block sent so far is written (blocking).
+    pub fn flush(&self) {
+        let (done, wait) = std::sync::mpsc::channel();
+        let sent = self
+            .tx
+            .lock()
+            .map(|tx| tx.send(Job::Flush(done)).is_ok())
+            .unwrap_or(false);
+        if sent {
+            let _ = wait.recv();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(context: &[u32], tokens: Vec<u32>, layers: usize) -> Block {
+        let n = tokens.len();
+        let kv = (0..layers)
+            .map(|l| {
+                let data = |off: f32| -> Vec<f32> {
+                    (0..2 * n * 8)
+                        .map(|i| {
+                            ((i as f32 + off) * 0.731 + l as f32).sin() * (1.0 + i as f32 * 0.1)
+                        })
+                        .collect()
+                };
+                (
+                    Tensor::from_vec(data(0.0), (1, 2, n, 8), &Device::Cpu).unwrap(),
+                    Tensor::from_vec(data(0.5), (1, 2, n, 8), &Device::Cpu).unwrap(),
+                )
+            })
+            .collect();
+        Block::new(context, tokens, kv)
+    }
+
+    #[test]
+    fn a_block_comes_back_within_the_8_bit_error() {
+        let b = block(&[1, 2, 3], vec![7, 8, 9, 10], 3);
+        let bytes = encode(&b).unwrap();
+        let back = decode(&bytes, b.context, &b.tokens).unwrap();
+        assert_eq!(back.context_len, 3);
+        assert_eq!(back.tokens, b.tokens);
+        for ((k, v), (k2, v2)) in b.layers.iter().zip(back.layers.iter()) {
+            for (a, c) in [(k, k2), (v, v2)] {
+                let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                let c = c.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                for (row_a, row_c) in a.chunks(8).zip(c.chunks(8)) {
+                    let max = row_a.iter().fold(0f32, |m, x| m.max(x.abs()));
+                    for (x, y) in row_a.iter().zip(row_c) {
+                        // half a step of the row's scale
+                        assert!((x - y).abs() <= max / 254.0 + 1e-6, "{x} {y}");
+                    }
+                }
+            }
+        }
+        // a quarter of F32's bytes and a little: 4 bytes of scale per 8 values here
+        assert_eq!(bytes.len(), HEADER + 16 + 3 * 2 * (2 * 4 * (4 + 8)) + 8);
+    }
+
+    #[test]
+    fn damaged_truncated_or_foreign_files_are_refused() {
+        let b = block(&[1, 2, 3], vec![7, 8, 9], 2);
+        let bytes = encode(&b).unwrap();
+        let mut flipped = bytes.clone();
+        flipped[HEADER + 20] ^= 0x40;
+        assert!(decode(&flipped, b.context, &b.tokens).is_err());
+        assert!(decode(&bytes[..bytes.len() - 9], b.context, &b.tokens).is_err());
+        assert!(decode(&bytes[..10], b.context, &b.tokens).is_err());
+        assert!(decode(&bytes, b.context ^ 1, &b.tokens).is_err());
+        assert!(decode(&bytes, b.context, &[7, 8, 10]).is_err());
+        assert!(decode(&bytes, b.context, &b.tokens).is_ok());
+    }
+
+    #[test]
+    fn the_folder_stays_within_its_bound_and_deletes_damaged_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let one = encode(&block(&[1], vec![5, 6], 1)).unwrap().len() as u64;
+        let disk = DiskBlocks::open(dir.path(), 2 * one + one / 2).unwrap();
+        let (a, b, c) = (
+            block(&[1], vec![5, 6], 1),
+            block(&[1], vec![5, 7], 1),
+            block(&[1], vec![5, 8], 1),
+        );
+        disk.store(&a).unwrap();
+        disk.store(&b).unwrap();
+        assert!(disk.load(a.context, &a.tokens).is_some()); // a is now the most recent
+        disk.store(&c).unwrap(); // evicts b
+        assert!(disk.load(b.context, &b.tokens).is_none());
+        assert_eq!(disk.stats().files, 2);
+        assert!(disk.stats().bytes <= 2 * one + one / 2);
+        // a restart finds them, and leftovers of an interrupted write are removed
+        std::fs::write(dir.path().join("x.kv.1.tmp"), b"half").unwrap();
+        drop(disk);
+        let disk = DiskBlocks::open(dir.path(), 10 * one).unwrap();
+        assert_eq!(disk.stats().files, 2);
+        assert!(!dir.path().join("x.kv.1.tmp").exists());
+        // a truncated file is deleted, counted, and not served
+        let name = DiskBlocks::name(c.context, &c.tokens);
+        let path = dir.path().join(&name);
+        let len = std::fs::metadata(&path).unwrap().len();
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(len - 3)
+            .unwrap();
+        assert!(disk.load(c.context, &c.tokens).is_none());
+        assert!(!path.exists());
+        assert_eq!(disk.stats().corrupt, 1);
+        assert_eq!(disk.stats().files, 1);
+        assert!(disk.load(a.context, &a.tokens).is_some());
+    }
+}
