@@ -85,11 +85,11 @@ pub(crate) fn default_passage_disk_mib() -> usize {
 }
 
 pub(crate) fn default_passage_recompute_tokens() -> usize {
-    32
+    0
 }
 
 pub(crate) fn default_passage_key_scale() -> f32 {
-    1.0
+    0.9
 }
 
 pub(crate) fn default_prefill_chunk() -> usize {

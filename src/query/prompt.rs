@@ -395,6 +395,32 @@ mod tests {
     }
 
     #[test]
+    fn another_fence_changes_only_the_fence() {
+        let p = shipped().spotlight(true);
+        let a = p
+            .render("q?", &[block(1, "text one"), block(2, "two")])
+            .unwrap();
+        let b = a.with_fence("doc-00c0ffee");
+        assert_eq!(b.fence, "doc-00c0ffee");
+        assert_eq!(b.passages, a.passages);
+        assert!(!b.system.contains(&a.fence) && !b.user.contains(&a.fence));
+        assert_eq!(b.with_fence(&a.fence), a, "and back");
+        // each passage on lines of its own between the tags, so its tokens are the same
+        // whatever the fence
+        assert!(
+            b.user.contains("<doc-00c0ffee>\ntext one\n</doc-00c0ffee>"),
+            "{}",
+            b.user
+        );
+        let plain = shipped().render("q?", &[block(1, "text")]).unwrap();
+        assert_eq!(
+            plain.with_fence("doc-00c0ffee"),
+            plain,
+            "no fence, nothing to change"
+        );
+    }
+
+    #[test]
     fn renders_numbered_blocks_and_question() {
         let p = shipped()
             .render_fenced(

@@ -27,24 +27,26 @@ fn blocks<'a>(texts: &[&'a str]) -> Vec<ContextBlock<'a>> {
         .collect()
 }
 
-/// A generator with passage reuse as `reuse`, whole blocks placed (no recomputed tokens)
-/// unless `recompute` says otherwise.
+/// A generator with passage reuse as `reuse`, whole blocks placed as computed (no
+/// recomputed tokens, keys not scaled) unless `recompute` and `key_scale` say otherwise.
 async fn load_with(
     model: &std::path::Path,
     reuse: PassageReuse,
     prefix_cache: bool,
     recompute: usize,
+    key_scale: f32,
 ) -> Generator {
     let mut c = crate::helpers::generation();
     c.model = model.to_path_buf();
     c.passage_reuse = reuse;
     c.prefix_cache = prefix_cache;
     c.passage_recompute_tokens = recompute;
+    c.passage_key_scale = key_scale;
     Generator::load(&c).await.unwrap()
 }
 
 async fn load(model: &std::path::Path, reuse: PassageReuse, prefix_cache: bool) -> Generator {
-    load_with(model, reuse, prefix_cache, 0).await
+    load_with(model, reuse, prefix_cache, 0, 1.0).await
 }
 
 fn prompts(dir: &std::path::Path) -> Prompts {
@@ -210,7 +212,8 @@ async fn a_placed_passage_has_a_full_prefills_first_layer_at_its_place() {
     // place 1 and equal the full prefill's in the last layer too; the rest stay placed
     let head = 16;
     assert!(u2.len() > head + 4);
-    let recomputing = load_with(&qwen_0_5b(), PassageReuse::Passages, false, head).await;
+    // (and `passage_key_scale` 0.5: the placed rest's keys halved, values as they were)
+    let recomputing = load_with(&qwen_0_5b(), PassageReuse::Passages, false, head, 0.5).await;
     recomputing.prompt_kv(&prompt, true).await.unwrap();
     let mixed = recomputing
         .prompt_kv(&prompt, true)
@@ -228,6 +231,13 @@ async fn a_placed_passage_has_a_full_prefills_first_layer_at_its_place() {
     );
     eprintln!("place 2 with {head} recomputed, last layer: those keys {kr:.2e} values {vr:.2e}; the placed rest keys {kp:.2e} values {vp:.2e}");
     assert!(kr < 1e-3 && vr < 1e-3, "recomputed tokens: {kr} {vr}");
+    let rest = p2 + head..p2 + u2.len();
+    let (k0, v0) = (
+        rel_diff(&mixed[0].0, &want[0].0, rest.clone()),
+        rel_diff(&mixed[0].1, &want[0].1, rest),
+    );
+    eprintln!("the placed rest at key scale 0.5, layer 0: keys {k0:.4} values {v0:.2e}");
+    assert!((k0 - 0.5).abs() < 1e-3 && v0 < 1e-4, "{k0} {v0}");
     assert!(kp > 1e-3 || vp > 1e-3, "the placed rest: {kp} {vp}");
     drop(recomputing);
 
@@ -270,6 +280,7 @@ async fn blocks_on_disk_are_read_back_and_damaged_ones_computed_again() {
     c.prefix_cache = false;
     c.passage_cache_mib = 8;
     c.passage_recompute_tokens = 0;
+    c.passage_key_scale = 1.0;
     let g = Generator::load(&c).await.unwrap();
     let root = dir.path().join("passages");
     g.attach_passage_disk(&root, 2).await.unwrap();
@@ -368,13 +379,21 @@ async fn blocks_on_disk_are_read_back_and_damaged_ones_computed_again() {
 /// Spotlighting (`safety.spotlight`) quotes passages in a fence that is new for each
 /// request; the passages are computed once in the cache's own fence and placed into every
 /// request's prompt, whose fence stays new: the second request with the same passages
-/// places all three (the later two less their first 16 tokens) and computes none, and its
-/// answer still reads them.
+/// places all three (the later two less their first 16 tokens, keys scaled as by default)
+/// and computes none, and its answer still reads them.
 #[tokio::test]
 async fn fenced_prompts_reuse_their_passages_across_requests() {
     let dir = tempfile::tempdir().unwrap();
     let prompts = prompts(dir.path()).spotlight(true);
-    let g = load_with(&qwen_0_5b(), PassageReuse::Passages, false, 16).await;
+    let d = docent::config::Config::default().generation;
+    let g = load_with(
+        &qwen_0_5b(),
+        PassageReuse::Passages,
+        false,
+        16,
+        d.passage_key_scale,
+    )
+    .await;
     let question = "Where do visitors park?";
     // the parking passage first: with it in place 2 the 0.5B answers from the printer
     // passage even with a full prefill of the fenced prompt (measured)

@@ -615,6 +615,14 @@ mod tests {
         assert_eq!(at(2), Some(25));
         assert_eq!(at(3), None);
         assert_eq!(units[0].as_ref().unwrap().1, encode(" cat\n\n"));
+        // a fenced passage: its line break before the closing tag goes with it
+        let prompt = encode("sys [1] <f>\ncat\n</f>\n\n[2] <f>\ndog\n</f>\n\nQ?");
+        let units = find_units(&prompt, &["cat".into(), "dog".into()], encode);
+        assert_eq!(units[0], Some((12, encode("cat\n"))));
+        assert_eq!(
+            units[1].as_ref().map(|u| u.1.clone()),
+            Some(encode("dog\n"))
+        );
         // a passage that would end at the last token is not a unit
         let prompt = encode("[1] cat");
         assert_eq!(find_units(&prompt, &["cat".into()], encode), vec![None]);
