@@ -1297,6 +1297,14 @@ mod tests {
             "{e}"
         );
         let mut c = Config::default();
+        c.generation.passage_reuse = crate::query::generate::reuse::PassageReuse::Passages;
+        c.validate().unwrap();
+        c.generation.passage_key_scale = 0.0;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("generation.passage_key_scale"), "{e}");
+        c.generation.passage_key_scale = f32::NAN;
+        assert!(c.validate().is_err());
+        let mut c = Config::default();
         c.embedding.bm25.b = 1.5;
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("embedding.bm25.b"), "{e}");
