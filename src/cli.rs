@@ -133,6 +133,11 @@ pub enum Command {
         /// timings) as JSON lines to this file.
         #[arg(long)]
         answers_dump: Option<PathBuf>,
+        /// With --answers and `generation.passage_reuse = "passages"`: compute every chunk's
+        /// passage block ahead (as `docent precompute` does), empty the memory, and answer
+        /// with the blocks read back from disk (what a precomputed service answers with).
+        #[arg(long)]
+        precompute: bool,
     },
     /// Precision and recall of the PII detector per kind on a labelled set.
     EvalPii {
@@ -267,6 +272,10 @@ pub enum Bench {
         /// Answer tokens per question (the first shown text is what is timed).
         #[arg(long, default_value_t = 4)]
         tokens: usize,
+        /// A llama-server binary (scripts/llama-server-build.sh): the same prompts on it,
+        /// with its prompt cache, one slot, the same model file.
+        #[arg(long)]
+        llama_server: Option<PathBuf>,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,

@@ -591,6 +591,7 @@ impl Default for Config {
                 passage_reuse: Default::default(),
                 passage_cache_mib: crate::query::generate::default_passage_cache_mib(),
                 passage_disk_mib: crate::query::generate::default_passage_disk_mib(),
+                passage_precompute: true,
                 passage_recompute_tokens: crate::query::generate::default_passage_recompute_tokens(
                 ),
                 passage_key_scale: crate::query::generate::default_passage_key_scale(),

@@ -317,6 +317,7 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             json,
             dump,
             answers_dump,
+            precompute,
         } => {
             let answer_mode = match answer_mode.as_str() {
                 "generative" => docent::query::AnswerMode::Generative,
@@ -357,6 +358,21 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
                 config.generation.refusal_probe_threshold = Some(f32::INFINITY);
                 let engine =
                     Arc::new(startup::query_engine(&config, evaluated.index.clone()).await?);
+                if precompute {
+                    anyhow::ensure!(
+                        config.generation.passage_reuse
+                            == docent::query::generate::reuse::PassageReuse::Passages
+                            && config.generation.passage_disk_mib > 0,
+                        "--precompute needs generation.passage_reuse = \"passages\" and passage_disk_mib > 0"
+                    );
+                    let done = engine.precompute_passages(&|_, _| {}).await?;
+                    engine.generator().flush_passages().await;
+                    engine.generator().clear_passages();
+                    eprintln!(
+                        "eval: {} passage blocks computed ahead in {:.0} s ({} bytes on disk); the answers read them back",
+                        done.computed, done.seconds, done.disk_bytes
+                    );
+                }
                 // the probe decides at its own threshold (its file's unless configured)
                 if let Some((probe, _)) = engine.generator().probe() {
                     threshold = probe_threshold.unwrap_or(probe.file.threshold);
@@ -388,12 +404,14 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             limit,
             models,
             tokens,
+            llama_server,
             json,
         }) => {
             let opts = docent::tools::bench::prefill::Options {
                 limit,
                 models,
                 answer_tokens: tokens.max(1),
+                llama_server,
             };
             let report = docent::tools::bench::prefill::run(&config, &dataset, &opts).await?;
             if json {

@@ -89,6 +89,18 @@ impl QueryEngine {
         Ok(rx)
     }
 
+    /// The prompt the answer path would give the model for `request` (the same retrieval,
+    /// safety filter and budget; nothing generated), or `None` when the answer would not use
+    /// the model (refused, withheld, cached, extractive). `docent bench prefill` sends these
+    /// prompts to a peer.
+    pub async fn prompt_for(&self, request: QueryRequest) -> Result<Option<Prompt>, QueryError> {
+        let q = request.validate(&self.limits)?;
+        Ok(match self.prepare(q, Instant::now()).await? {
+            Prepared::Answer(p) => p.prompt,
+            Prepared::Ready(_) => None,
+        })
+    }
+
     /// An answer made without the model (cached, refused, withheld) as the same events a
     /// generated one has: `retrieval` (when there was one), the text, its citations, `done`
     /// with the usage of this request.

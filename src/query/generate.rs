@@ -219,10 +219,15 @@ pub struct GenerationConfig {
     #[serde(default = "default_passage_cache_mib")]
     pub passage_cache_mib: usize,
     /// The most passage keys and values kept on disk beside the index
-    /// (`<data_dir>/passages/`, 8-bit), in MiB, least recently used evicted; 0 keeps them
-    /// in memory only.
+    /// (`<data_dir>/passages/`, 8-bit keys and 4-bit values), in MiB, least recently used
+    /// evicted; 0 keeps them in memory only.
     #[serde(default = "default_passage_disk_mib")]
     pub passage_disk_mib: usize,
+    /// In the passage mode, `docent serve` computes every chunk's block in the background
+    /// while no answer is being made (at start and after the index changes), as `docent
+    /// precompute` does.
+    #[serde(default = "yes")]
+    pub passage_precompute: bool,
     /// In the passage mode, a passage in place 2 or later has this many of its first
     /// tokens prefilled rather than placed, so that they read the passages before it (the
     /// rest of its block never did); 0 places whole blocks.
@@ -1397,7 +1402,16 @@ impl Generator {
             if exact_mode && !in_place {
                 break;
             }
-            let block = match cache.get(context_hash, &tokens) {
+            // a miss in memory may read a file: off the async threads then
+            let kept = if cache.has_disk() {
+                let (c, t) = (cache.clone(), tokens.clone());
+                tokio::task::spawn_blocking(move || c.get(context_hash, &t))
+                    .await
+                    .map_err(|e| GenerateError::Engine(e.to_string()))?
+            } else {
+                cache.get(context_hash, &tokens)
+            };
+            let block = match kept {
                 Some(b) => b,
                 None if in_place => {
                     // prefilled in place by this request, exactly; kept from it

@@ -104,6 +104,12 @@ impl QueryEngine {
         &self.limits
     }
 
+    /// Answers being made or waiting for the model (those holding a queue place).
+    pub fn answers_in_flight(&self) -> usize {
+        self.max_queue
+            .saturating_sub(self.slots.available_permits())
+    }
+
     /// The retrieve stage for both endpoints: ranked chunks with their scores,
     /// neighbours joined.
     async fn retrieve(&self, s: ValidSearch) -> Result<(Retrieved, Vec<Scores>), QueryError> {

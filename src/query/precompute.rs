@@ -32,6 +32,20 @@ impl QueryEngine {
         &self,
         progress: &(dyn Fn(usize, usize) + Sync),
     ) -> Result<Precomputed, QueryError> {
+        self.precompute(progress, false).await
+    }
+
+    /// The same, a chunk at a time while no answer is being made or waiting (`docent
+    /// serve` in the background: an answer that arrives waits for one block at most).
+    pub async fn precompute_passages_when_idle(&self) -> Result<Precomputed, QueryError> {
+        self.precompute(&|_, _| {}, true).await
+    }
+
+    async fn precompute(
+        &self,
+        progress: &(dyn Fn(usize, usize) + Sync),
+        when_idle: bool,
+    ) -> Result<Precomputed, QueryError> {
         let started = std::time::Instant::now();
         let store = &self.index.store;
         let mut documents = Vec::new();
@@ -75,6 +89,9 @@ impl QueryEngine {
                 };
                 // the question comes after the passages: it does not change their blocks
                 let prompt = self.prompts.render("?", &[block])?;
+                while when_idle && self.answers_in_flight() > 0 {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
                 done.computed += self.generator.precompute_passages(&prompt).await?;
             }
         }

@@ -170,6 +170,8 @@ pub struct Application {
     engine: Arc<QueryEngine>,
     documents: web::Data<crate::server::routes::documents::Documents>,
     shutdown_timeout: Duration,
+    /// Passage blocks computed in the background (`generation.passage_precompute`).
+    precompute: bool,
 }
 
 /// Refuses an address anyone on the network could reach while no key protects it.
@@ -257,9 +259,14 @@ impl Application {
         .disable_signals()
         .listen(listener)?
         .run();
+        let precompute = config.generation.passage_precompute
+            && engine.generator().reuse_stats().is_some()
+            && config.generation.passage_reuse
+                == crate::query::generate::reuse::PassageReuse::Passages;
         Ok(Application {
             port: addr.port(),
             server,
+            precompute,
             engine,
             documents,
             shutdown_timeout: Duration::from_secs(s.shutdown_timeout_s),
@@ -291,8 +298,14 @@ impl Application {
         let store = &self.engine.index.store;
         let shared = !store.index().exclusive();
         let sweeper = shared.then(|| tokio::spawn(sweep(store.clone())));
+        let precomputer = self
+            .precompute
+            .then(|| tokio::spawn(precompute(self.engine.clone())));
         self.server.await?;
         signals.abort();
+        if let Some(p) = precomputer {
+            p.abort();
+        }
         if let Some(sweeper) = sweeper {
             sweeper.abort();
         }
@@ -304,6 +317,33 @@ impl Application {
         self.engine.index.store.flush().await?;
         tracing::info!("stopped; the store is flushed");
         Ok(())
+    }
+}
+
+/// Every chunk's passage block computed while no answer is being made
+/// (`generation.passage_precompute`), at start and again whenever the index changed.
+async fn precompute(engine: Arc<QueryEngine>) {
+    let mut done_at = None;
+    loop {
+        let revision = engine.index.store.revision().await.ok();
+        if revision.is_some() && revision != done_at {
+            match engine.precompute_passages_when_idle().await {
+                Ok(p) => {
+                    if p.computed > 0 {
+                        tracing::info!(
+                            computed = p.computed,
+                            chunks = p.chunks,
+                            seconds = p.seconds,
+                            disk_bytes = p.disk_bytes,
+                            "passage blocks computed in the background"
+                        );
+                    }
+                    done_at = revision;
+                }
+                Err(e) => tracing::warn!(error = %e, "passage blocks not computed ahead"),
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(10)).await;
     }
 }
 

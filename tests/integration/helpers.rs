@@ -276,17 +276,7 @@ pub fn server_over(
     adjust: impl FnOnce(&mut docent::config::Config),
 ) -> (OwnServer, String) {
     let dir = tempfile::tempdir().unwrap();
-    let mut config = config(&dir.path().join("index"));
-    adjust(&mut config);
-    {
-        let index = docent::server::startup::open_index_blocking(&config).unwrap();
-        let ingestor = docent::server::startup::ingestor(&config, &index).unwrap();
-        let report = ingestor
-            .ingest_paths(files, &docent_ingest::pipeline::Silent)
-            .unwrap();
-        assert_eq!(report.ingested.len(), files.len());
-    }
-    let server = serve_until_dropped(config);
+    let server = server_in(&dir.path().join("index"), files, adjust);
     let address = server.address.clone();
     (
         OwnServer {
@@ -297,7 +287,26 @@ pub fn server_over(
     )
 }
 
-/// `GET url` as JSON.
+/// A server over `files` indexed in `data_dir` (the caller's folder), settings changed by
+/// `adjust`; it stops when dropped (before the caller's folder goes).
+pub fn server_in(
+    data_dir: &Path,
+    files: &[PathBuf],
+    adjust: impl FnOnce(&mut docent::config::Config),
+) -> RunningServer {
+    let mut config = config(data_dir);
+    adjust(&mut config);
+    {
+        let index = docent::server::startup::open_index_blocking(&config).unwrap();
+        let ingestor = docent::server::startup::ingestor(&config, &index).unwrap();
+        let report = ingestor
+            .ingest_paths(files, &docent_ingest::pipeline::Silent)
+            .unwrap();
+        assert_eq!(report.ingested.len(), files.len());
+    }
+    serve_until_dropped(config)
+}
+
 pub async fn get_json(c: &reqwest::Client, url: &str) -> serde_json::Value {
     c.get(url).send().await.unwrap().json().await.unwrap()
 }

@@ -314,8 +314,9 @@ async fn blocks_on_disk_are_read_back_and_damaged_ones_computed_again() {
                 rel_diff(&from_disk[l].1, &in_memory[l].1, range.clone()),
             );
             eprintln!("disk vs memory, place at {at}, layer {l}: keys {k:.2e} values {v:.2e}");
-            // 8-bit rows: about 1 % (relative); and not the same numbers
-            assert!(k < 0.02 && v < 0.02, "{k} {v}");
+            // 8-bit keys: about 1 % (relative); 4-bit values: about 6 %; and not the same
+            // numbers
+            assert!(k < 0.02 && v < 0.20, "{k} {v}");
             assert!(k > 0.0 || v > 0.0, "read from disk, not memory");
         }
     }
@@ -421,4 +422,105 @@ async fn fenced_prompts_reuse_their_passages_across_requests() {
         "{text}"
     );
     assert!(!text.contains(&second.fence), "{text}");
+}
+
+/// The `.kv` files of every model folder under `root` (`<data_dir>/passages`).
+fn block_files(root: &std::path::Path) -> usize {
+    std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|model| {
+            std::fs::read_dir(model.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .filter(|f| f.path().extension().is_some_and(|e| e == "kv"))
+        .count()
+}
+
+/// Polls until `root` holds `n` block files (at most `secs`); the count at the end.
+async fn wait_for_block_files(root: &std::path::Path, n: usize, secs: u64) -> usize {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while block_files(root) < n && std::time::Instant::now() < until {
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    block_files(root)
+}
+
+async fn chunks_listed(c: &reqwest::Client, address: &str) -> usize {
+    let list = crate::helpers::get_json(c, &format!("{address}/v1/documents?limit=100")).await;
+    list["documents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["chunks"].as_u64().unwrap() as usize)
+        .sum()
+}
+
+/// `docent serve` in the passage mode computes every chunk's block in the background
+/// (`generation.passage_precompute`), answers meanwhile, and computes an uploaded
+/// document's blocks after its job; with the setting off it computes none ahead.
+#[tokio::test]
+async fn the_server_computes_every_chunks_block_in_the_background() {
+    use crate::helpers::{client, rust_book, server_in, OWNERSHIP};
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("index");
+    let root = data.join("passages");
+    let server = server_in(&data, &[rust_book(OWNERSHIP)], |c| {
+        c.generation.passage_reuse = PassageReuse::Passages;
+    });
+    let c = client();
+    // an answer while the blocks are being computed
+    let res = c
+        .post(format!("{}/v1/query", server.address))
+        .json(&serde_json::json!({"question": "What is ownership in Rust?", "generation": {"max_tokens": 4}}))
+        .send()
+        .await
+        .unwrap();
+    let status = res.status();
+    assert_eq!(status, 200, "{}", res.text().await.unwrap());
+    let chunks = chunks_listed(&c, &server.address).await;
+    assert!(chunks > 5, "{chunks}");
+    assert_eq!(wait_for_block_files(&root, chunks, 300).await, chunks);
+
+    // an upload: its chunk's block follows once the job is done (the next round)
+    let form = reqwest::multipart::Form::new().part(
+        "file",
+        reqwest::multipart::Part::bytes(
+            b"# Zebras\n\nZebras have black and white stripes that confuse biting flies.\n"
+                .to_vec(),
+        )
+        .file_name("zebras.md"),
+    );
+    let res = c
+        .post(format!("{}/v1/documents", server.address))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 202);
+    let mut now = chunks;
+    for _ in 0..120 {
+        now = chunks_listed(&c, &server.address).await;
+        if now > chunks {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    assert_eq!(now, chunks + 1, "the upload is listed");
+    assert_eq!(wait_for_block_files(&root, now, 120).await, now);
+    drop(server);
+
+    // off: nothing computed ahead (the answer's own blocks only)
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("index");
+    let server = server_in(&data, &[rust_book(OWNERSHIP)], |c| {
+        c.generation.passage_reuse = PassageReuse::Passages;
+        c.generation.passage_precompute = false;
+    });
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    assert_eq!(block_files(&data.join("passages")), 0);
+    drop(server);
 }

@@ -200,6 +200,18 @@ impl ReuseStats {
     pub fn compute_ms_per_block(&self) -> Option<f64> {
         (self.computed > 0).then(|| self.compute_us as f64 / 1e3 / self.computed as f64)
     }
+
+    /// The counters' growth since `before` (sizes as they are now).
+    pub fn since(&self, before: &ReuseStats) -> ReuseStats {
+        ReuseStats {
+            hits: self.hits - before.hits,
+            misses: self.misses - before.misses,
+            computed: self.computed - before.computed,
+            compute_us: self.compute_us - before.compute_us,
+            disk_hits: self.disk_hits - before.disk_hits,
+            ..*self
+        }
+    }
 }
 
 /// The blocks, bounded in bytes, the least recently used evicted first.
@@ -260,6 +272,11 @@ impl PassageCache {
         let blocks = Arc::new(blocks);
         let writer = disk::Writer::spawn(blocks.clone());
         let _ = self.disk.set((blocks, writer));
+    }
+
+    /// Whether blocks are kept on disk too (a lookup may then read a file).
+    pub fn has_disk(&self) -> bool {
+        self.disk.get().is_some()
     }
 
     /// The fence fenced prompts' passages are computed in.

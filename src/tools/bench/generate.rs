@@ -646,7 +646,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
         }
         if let (Some(server), Some(ids)) = (&opts.llama_server, prompt_ids) {
             let slots = opts.clients.iter().copied().max().unwrap_or(1);
-            let peer = start_llama_server(server, model, opts.threads, slots)?;
+            let peer = start_llama_server(server, model, opts.threads, slots, 512)?;
             for &clients in &opts.clients {
                 eprintln!("bench generate: {clients} concurrent clients, rag, llama-server");
                 let (addr, ids, name) = (peer.addr, ids.clone(), name(model));
@@ -853,13 +853,14 @@ fn client_prompts(ids: &[u32], c: usize, len: impl Fn(usize) -> usize) -> Vec<Ve
 /// Requests per client in the concurrency table.
 const ROUNDS: usize = 2;
 
-/// A `llama-server` on a free loopback port with `slots` parallel sequences of up to 512
-/// tokens each (a 300-token prompt and 32 new), stopped when dropped.
-fn start_llama_server(
+/// A `llama-server` on a free loopback port with `slots` parallel sequences of up to
+/// `context` tokens each, stopped when dropped.
+pub(super) fn start_llama_server(
     binary: &Path,
     model: &Path,
     threads: usize,
     slots: usize,
+    context: usize,
 ) -> anyhow::Result<super::query::Server> {
     let addr = super::query::free_addr()?;
     let mut cmd = std::process::Command::new(binary);
@@ -868,7 +869,7 @@ fn start_llama_server(
         .args(["--host", "127.0.0.1", "--port", &addr.port().to_string()])
         .args(["--threads", &threads.to_string()])
         .args(["--parallel", &slots.to_string()])
-        .args(["--ctx-size", &(512 * slots).to_string()]);
+        .args(["--ctx-size", &(context * slots).to_string()]);
     super::query::wait_ready_at(super::query::spawn(cmd, "llama-server")?, addr, "/health")
 }
 

@@ -7,7 +7,12 @@
 //! - **full prefill** (`off`);
 //! - **reuse, cold**: the passage cache emptied before each question, so every passage's
 //!   block is computed on the way (place 1 in the answer's own prefill, later places ahead);
-//! - **reuse, warm**: the same questions again with every block in the cache.
+//! - **reuse, warm**: the same questions again with every block in the cache;
+//! - **reuse, disk**: every block read from disk (`generation.passage_disk_mib`: 8-bit keys
+//!   and 4-bit values), memory emptied before each question;
+//! - with `--llama-server BIN`, **llama-server** with its prompt cache (`cache_prompt`, one
+//!   slot) on the same model file, sent the same prompts as token ids in the same order: its
+//!   cache holds the previous prompt, so the shared system prompt is not read again.
 
 use std::sync::Arc;
 
@@ -26,6 +31,8 @@ pub struct Options {
     pub models: Vec<String>,
     /// Answer tokens generated per question (the first shown text is what is timed).
     pub answer_tokens: usize,
+    /// A llama-server binary (scripts/llama-server-build.sh) for the peer pass.
+    pub llama_server: Option<std::path::PathBuf>,
 }
 
 /// One pass's figures.
@@ -36,8 +43,11 @@ pub struct Pass {
     pub first_text_p50_ms: f64,
     pub first_text_p95_ms: f64,
     pub first_text_mean_ms: f64,
-    /// Answers whose text equals the full prefill's answer to the same question.
-    pub same_as_full: usize,
+    /// Answers whose text equals the full prefill's answer to the same question (none for
+    /// the peer, which is timed on its first token only).
+    pub same_as_full: Option<usize>,
+    /// The peer's prompt tokens read from its cache instead of prefilled (mean).
+    pub cached_tokens_mean: Option<f64>,
     pub reuse: Option<ReuseStats>,
 }
 
@@ -46,8 +56,10 @@ pub struct ModelReport {
     pub model: String,
     pub prompt_tokens_mean: f64,
     pub passes: Vec<Pass>,
-    /// Bytes of one block per passage token (keys and values of every layer).
+    /// Bytes of one block per passage token (keys and values of every layer), in memory.
     pub bytes_per_token: Option<f64>,
+    /// The blocks on disk after the disk pass (every question's).
+    pub disk: Option<crate::query::generate::reuse::disk::DiskStats>,
     /// Mean milliseconds to compute a block ahead of an answer (the cold pass's later places).
     pub compute_ms_per_block: Option<f64>,
 }
@@ -98,17 +110,96 @@ fn pass(name: &str, timed: &[Timed], full: Option<&[Timed]>, reuse: Option<Reuse
         first_text_p50_ms: percentile(&ms, 50.0),
         first_text_p95_ms: percentile(&ms, 95.0),
         first_text_mean_ms: ms.iter().sum::<f64>() / ms.len().max(1) as f64,
-        same_as_full: full.map_or(timed.len(), |f| {
+        same_as_full: Some(full.map_or(timed.len(), |f| {
             f.iter()
                 .zip(timed)
                 .filter(|(a, b)| a.answer == b.answer)
                 .count()
-        }),
+        })),
+        cached_tokens_mean: None,
         reuse,
     }
 }
 
-/// The three passes for one model over `questions`.
+/// The peer: llama-server with its prompt cache, one slot, the same model file, sent the
+/// prompts docent's answer path builds for `questions` (as token ids, so both read the same
+/// tokens), in the same order; timed from the request to its one generated token (its first
+/// shown text), over a keep-alive loopback connection.
+async fn llama_server_pass(
+    engine: &Arc<crate::query::QueryEngine>,
+    binary: &std::path::Path,
+    model: &std::path::Path,
+    questions: &[String],
+) -> anyhow::Result<Pass> {
+    let generator = engine.generator();
+    let mut prompts = Vec::new();
+    for q in questions {
+        let request = crate::query::QueryRequest {
+            question: q.clone(),
+            ..Default::default()
+        };
+        if let Some(prompt) = engine.prompt_for(request).await? {
+            prompts.push(generator.prompt_ids(&prompt).await?);
+        }
+    }
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let (binary, model) = (binary.to_path_buf(), model.to_path_buf());
+    tokio::task::spawn_blocking(move || -> anyhow::Result<Pass> {
+        let server = super::generate::start_llama_server(
+            &binary,
+            &model,
+            threads,
+            1,
+            (longest + 64).next_power_of_two(),
+        )?;
+        let mut conn = super::http::Connection::open(server.addr)?;
+        let b = indicatif::ProgressBar::new(prompts.len() as u64);
+        b.set_message("llama-server, prompt cache");
+        let (mut ms, mut cached) = (Vec::new(), Vec::new());
+        for ids in &prompts {
+            let body = serde_json::to_vec(&serde_json::json!({
+                "prompt": ids,
+                "n_predict": 1,
+                "temperature": 0.0,
+                "cache_prompt": true,
+            }))?;
+            let t = std::time::Instant::now();
+            let (status, reply) = conn.request("POST", "/completion", &body)?;
+            let elapsed = t.elapsed().as_secs_f64() * 1e3;
+            anyhow::ensure!(
+                status == 200,
+                "llama-server answered {status}: {}",
+                String::from_utf8_lossy(&reply)
+            );
+            let v: serde_json::Value = serde_json::from_slice(&reply)?;
+            ms.push(elapsed);
+            // tokens read this time; the rest came from its cache
+            let read = v["timings"]["prompt_n"]
+                .as_f64()
+                .unwrap_or(ids.len() as f64);
+            cached.push(ids.len() as f64 - read);
+            b.inc(1);
+        }
+        b.finish_and_clear();
+        let mut sorted = ms.clone();
+        sorted.sort_by(f64::total_cmp);
+        Ok(Pass {
+            name: "llama-server".into(),
+            answers: ms.len(),
+            first_text_p50_ms: percentile(&sorted, 50.0),
+            first_text_p95_ms: percentile(&sorted, 95.0),
+            first_text_mean_ms: ms.iter().sum::<f64>() / ms.len().max(1) as f64,
+            same_as_full: None,
+            cached_tokens_mean: Some(cached.iter().sum::<f64>() / cached.len().max(1) as f64),
+            reuse: None,
+        })
+    })
+    .await
+    .context("the llama-server pass")?
+}
+
+/// The passes for one model over `questions`.
 async fn one_model(
     config: &Config,
     index: &crate::query::retrieve::Index,
@@ -119,6 +210,8 @@ async fn one_model(
         let mut c = config.clone();
         c.generation.passage_reuse = reuse;
         c.generation.cache_size = 0;
+        // memory only until the disk pass
+        c.generation.passage_disk_mib = 0;
         c
     };
     let bar = |n: usize, what: String| {
@@ -170,16 +263,44 @@ async fn one_model(
         b.inc(1);
     }
     b.finish_and_clear();
-    let stats = generator.reuse_stats();
-    let warm_stats = match (stats, cold_stats) {
-        (Some(w), Some(c)) => Some(ReuseStats {
-            hits: w.hits - c.hits,
-            misses: w.misses - c.misses,
-            computed: w.computed - c.computed,
-            compute_us: w.compute_us - c.compute_us,
-            ..w
-        }),
-        (w, _) => w,
+    let after_warm = generator.reuse_stats();
+    let warm_stats = after_warm.zip(cold_stats).map(|(w, c)| w.since(&c));
+
+    // blocks read from disk: each question's blocks written once (memory emptied first, so
+    // that each is computed and kept), then read back with memory emptied before each
+    // question (the answer's own prefix still comes from the prefix cache)
+    generator
+        .attach_passage_disk(&config.data_dir.join("passages"), 16 << 10)
+        .await
+        .context("the passage disk")?;
+    let b = bar(questions.len(), format!("{model}: blocks to disk"));
+    for q in questions {
+        generator.clear_passages();
+        ask(&engine, q, 1).await?;
+        b.inc(1);
+    }
+    b.finish_and_clear();
+    generator.flush_passages().await;
+    let before_disk = generator.reuse_stats();
+    let b = bar(questions.len(), format!("{model}: reuse, from disk"));
+    let mut from_disk = Vec::new();
+    for q in questions {
+        generator.clear_passages();
+        from_disk.push(ask(&engine, q, opts.answer_tokens).await?);
+        b.inc(1);
+    }
+    b.finish_and_clear();
+    let disk_stats = generator
+        .reuse_stats()
+        .zip(before_disk)
+        .map(|(d, b)| d.since(&b));
+
+    let peer = match &opts.llama_server {
+        Some(binary) => {
+            let file = crate::query::generate::catalog::resolve(generator.model_path());
+            Some(llama_server_pass(&engine, binary, &file, questions).await?)
+        }
+        None => None,
     };
     let prompt_tokens_mean =
         full.iter().map(|t| t.prompt_tokens as f64).sum::<f64>() / full.len().max(1) as f64;
@@ -190,8 +311,13 @@ async fn one_model(
             pass("full prefill", &full, None, None),
             pass("reuse, cold", &cold, Some(&full), cold_stats),
             pass("reuse, warm", &warm, Some(&full), warm_stats),
-        ],
-        bytes_per_token: stats.and_then(|s| s.bytes_per_token()),
+            pass("reuse, from disk", &from_disk, Some(&full), disk_stats),
+        ]
+        .into_iter()
+        .chain(peer)
+        .collect(),
+        bytes_per_token: after_warm.and_then(|s| s.bytes_per_token()),
+        disk: disk_stats.and_then(|s| s.disk),
         compute_ms_per_block: cold_stats.and_then(|s| s.compute_ms_per_block()),
     })
 }
@@ -223,21 +349,26 @@ pub async fn run(
         .await
         .context("indexing the corpus")??
     };
-    let chunks = index.store.len().await?;
-    let models = if opts.models.is_empty() {
-        vec![config.generation.model.display().to_string()]
-    } else {
-        opts.models.clone()
-    };
-    let mut reports = Vec::new();
-    for m in models {
-        let mut c = config.clone();
-        c.generation.model = m.into();
-        reports.push(one_model(&c, &index, &questions, opts).await?);
+    // the index goes before its folder, on an error too
+    let measured = async {
+        let chunks = index.store.len().await?;
+        let models = if opts.models.is_empty() {
+            vec![config.generation.model.display().to_string()]
+        } else {
+            opts.models.clone()
+        };
+        let mut reports = Vec::new();
+        for m in models {
+            let mut c = config.clone();
+            c.generation.model = m.into();
+            reports.push(one_model(&c, &index, &questions, opts).await?);
+        }
+        anyhow::Ok((chunks, reports))
     }
-    // the index before its folder
+    .await;
     drop(index);
     drop(cleanup);
+    let (chunks, reports) = measured?;
     Ok(Report {
         dataset: data.name.clone(),
         questions: questions.len(),
@@ -254,7 +385,7 @@ pub fn print(report: &Report) {
         report.dataset, report.questions, report.chunks, report.top_k
     );
     println!(
-        "{:<28} {:<14} {:>9} {:>9} {:>9} {:>9} {:>11} {:>7} {:>6} {:>9}",
+        "{:<28} {:<16} {:>9} {:>9} {:>9} {:>9} {:>11} {:>7} {:>6} {:>9}",
         "model",
         "pass",
         "p50 ms",
@@ -278,16 +409,18 @@ pub fn print(report: &Report) {
                         s.computed.to_string(),
                     )
                 });
+            let same = p
+                .same_as_full
+                .map_or_else(|| "-".to_string(), |n| format!("{n}/{}", p.answers));
             println!(
-                "{:<28} {:<14} {:>9.0} {:>9.0} {:>9.0} {:>8.2}x {:>5}/{:<5} {:>7} {:>6} {:>9}",
+                "{:<28} {:<16} {:>9.0} {:>9.0} {:>9.0} {:>8.2}x {:>11} {:>7} {:>6} {:>9}",
                 name,
                 p.name,
                 p.first_text_p50_ms,
                 p.first_text_p95_ms,
                 p.first_text_mean_ms,
                 full / p.first_text_p50_ms,
-                p.same_as_full,
-                p.answers,
+                same,
                 hits,
                 misses,
                 computed
@@ -300,5 +433,19 @@ pub fn print(report: &Report) {
             m.bytes_per_token.map_or("-".into(), |b| format!("{b:.0}")),
             m.compute_ms_per_block.map_or("-".into(), |b| format!("{b:.0}"))
         );
+        if let Some(d) = m.disk {
+            println!(
+                "{:<28} on disk: {} blocks, {} bytes ({} damaged)",
+                name, d.files, d.bytes, d.corrupt
+            );
+        }
+        for p in &m.passes {
+            if let Some(c) = p.cached_tokens_mean {
+                println!(
+                    "{:<28} {} read {c:.0} prompt tokens from its cache on average",
+                    name, p.name
+                );
+            }
+        }
     }
 }

@@ -5,9 +5,12 @@
 //! hold the system prompt and the template's text, and of the passage's own tokens): a
 //! changed template or a changed document is another name, never a stale file. The folder is
 //! named by a hash of the model file's bytes and its RoPE, so another model never reads
-//! these. Values are 8-bit: each row of a head (one token's `head_dim` numbers) is scaled
-//! by its largest magnitude / 127 (a quarter of F32's bytes; the error is measured in
-//! `tests`). A file ends with the XXH3-64 of everything before it; a file whose checksum,
+//! these. Keys are 8-bit: each row of a head (one token's `head_dim` numbers) is scaled by
+//! its largest magnitude / 127. Values are 4-bit, as KIVI (Liu et al., 2024) keeps them:
+//! per token, in groups of 32 along the row, each group with its own minimum and step
+//! (values are summed over many tokens by the attention, so their rounding averages out;
+//! keys decide the attention weights and keep 8 bits). About a sixth of F32's bytes; the
+//! error is measured in `tests`. A file ends with the XXH3-64 of everything before it; a file whose checksum,
 //! header or length is wrong is deleted and counted, never served. Writes go to a temporary
 //! name first and are renamed, so a crash leaves no half-written block under a real name.
 //! The folder is bounded in bytes; the least recently used files go first.
@@ -23,7 +26,8 @@ use mistralrs::{DType, Device, Tensor};
 use super::Block;
 
 const MAGIC: &[u8; 8] = b"DOCENTKV";
-const VERSION: u32 = 1;
+/// 1: 8-bit keys and values with f32 scales; 2: 8-bit keys (f16 scales), 4-bit values.
+const VERSION: u32 = 2;
 /// magic, version, dtype, context hash, context length, tokens, layers, heads, head dim
 const HEADER: usize = 8 + 4 + 4 + 8 + 4 * 5;
 
@@ -266,17 +270,38 @@ fn dtype_code(d: DType) -> Result<u32, DiskError> {
     }
 }
 
-/// A block's file: header, tokens, every layer's keys then values (per row: the scale, then
-/// `head_dim` signed bytes), and the checksum.
+/// The values' group along a row: 32 numbers, or the whole row when it does not divide.
+fn group(head_dim: usize) -> usize {
+    if head_dim.is_multiple_of(32) {
+        32
+    } else {
+        head_dim
+    }
+}
+
+/// Bytes of one layer's keys (a f16 scale and `head_dim` signed bytes per row) and values
+/// (a f16 minimum and step per group, then two numbers a byte) for `rows` rows.
+fn layer_bytes(rows: usize, head_dim: usize) -> usize {
+    let keys = rows * (2 + head_dim);
+    let values = rows * (head_dim / group(head_dim)) * 4 + rows * head_dim / 2;
+    keys + values
+}
+
+/// A block's file: header, tokens, every layer's keys then values, and the checksum.
 pub fn encode(block: &Block) -> Result<Vec<u8>, DiskError> {
     let (k0, _) = block
         .layers
         .first()
         .ok_or(DiskError::Corrupt("a block without layers"))?;
     let (_, heads, n, head_dim) = k0.dims4()?;
+    if !head_dim.is_multiple_of(2) {
+        return Err(DiskError::Corrupt(
+            "an odd head size (4-bit values need pairs)",
+        ));
+    }
     let rows = heads * n;
     let mut out =
-        Vec::with_capacity(HEADER + 4 * n + block.layers.len() * 2 * rows * (4 + head_dim) + 8);
+        Vec::with_capacity(HEADER + 4 * n + block.layers.len() * layer_bytes(rows, head_dim) + 8);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
     out.extend_from_slice(&dtype_code(k0.dtype())?.to_le_bytes());
@@ -292,30 +317,68 @@ pub fn encode(block: &Block) -> Result<Vec<u8>, DiskError> {
             if t.dims4()? != (1, heads, n, head_dim) {
                 return Err(DiskError::Corrupt("layers of different shapes"));
             }
-            let data = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-            quantize(&data, head_dim, &mut out);
         }
+        let data = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
+        quantize_keys(&data(k)?, head_dim, &mut out);
+        quantize_values(&data(v)?, head_dim, &mut out);
     }
     let sum = xxhash_rust::xxh3::xxh3_64(&out);
     out.extend_from_slice(&sum.to_le_bytes());
     Ok(out)
 }
 
-/// Rows of `head_dim` as their scales (f32) then their signed bytes.
-fn quantize(data: &[f32], head_dim: usize, out: &mut Vec<u8>) {
-    let scales: Vec<f32> = data
+/// Rows of `head_dim` as their scales (f16) then their signed bytes.
+fn quantize_keys(data: &[f32], head_dim: usize, out: &mut Vec<u8>) {
+    let scales: Vec<half::f16> = data
         .chunks_exact(head_dim)
-        .map(|row| row.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0)
+        .map(|row| half::f16::from_f32(row.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0))
         .collect();
     for s in &scales {
         out.extend_from_slice(&s.to_le_bytes());
     }
     for (row, s) in data.chunks_exact(head_dim).zip(&scales) {
-        let inv = if *s > 0.0 { 1.0 / s } else { 0.0 };
+        let s = s.to_f32();
+        let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
         out.extend(
             row.iter()
                 .map(|x| ((x * inv).round().clamp(-127.0, 127.0) as i8) as u8),
         );
+    }
+}
+
+/// Rows of `head_dim` in groups (see [`group`]): every group's minimum and step (f16),
+/// then the numbers as 4-bit steps above the minimum, the first of a pair in the low half.
+fn quantize_values(data: &[f32], head_dim: usize, out: &mut Vec<u8>) {
+    let g = group(head_dim);
+    let ranges: Vec<(half::f16, half::f16)> = data
+        .chunks_exact(g)
+        .map(|part| {
+            let (lo, hi) = part
+                .iter()
+                .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &x| {
+                    (lo.min(x), hi.max(x))
+                });
+            let min = half::f16::from_f32(lo);
+            // the step from the stored minimum, so the largest number stays within 15 steps
+            let step = half::f16::from_f32((hi - min.to_f32()).max(0.0) / 15.0);
+            (min, step)
+        })
+        .collect();
+    for (min, step) in &ranges {
+        out.extend_from_slice(&min.to_le_bytes());
+        out.extend_from_slice(&step.to_le_bytes());
+    }
+    let mut nibbles = data
+        .chunks_exact(g)
+        .zip(&ranges)
+        .flat_map(|(part, (min, step))| {
+            let (min, step) = (min.to_f32(), step.to_f32());
+            let inv = if step > 0.0 { 1.0 / step } else { 0.0 };
+            part.iter()
+                .map(move |x| ((x - min) * inv).round().clamp(0.0, 15.0) as u8)
+        });
+    while let (Some(a), Some(b)) = (nibbles.next(), nibbles.next()) {
+        out.push(a | (b << 4));
     }
 }
 
@@ -349,9 +412,11 @@ pub fn decode(bytes: &[u8], context: u64, tokens: &[u32]) -> Result<Block, DiskE
     if stored_context != context || n != tokens.len() || head_dim == 0 {
         return Err(Corrupt("another block's file"));
     }
+    if !head_dim.is_multiple_of(2) {
+        return Err(Corrupt("an odd head size"));
+    }
     let rows = heads * n;
-    let tensor_bytes = rows * (4 + head_dim);
-    if body.len() != HEADER + 4 * n + layers * 2 * tensor_bytes {
+    if body.len() != HEADER + 4 * n + layers * layer_bytes(rows, head_dim) {
         return Err(Corrupt("length does not match the header"));
     }
     let stored: Vec<u32> = body[HEADER..HEADER + 4 * n]
@@ -361,23 +426,40 @@ pub fn decode(bytes: &[u8], context: u64, tokens: &[u32]) -> Result<Block, DiskE
     if stored != tokens {
         return Err(Corrupt("another passage's file"));
     }
+    let f16_at = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+    let shape = (1, heads, n, head_dim);
+    let g = group(head_dim);
     let mut at = HEADER + 4 * n;
-    let mut next = || -> Result<Tensor, DiskError> {
-        let part = &body[at..at + tensor_bytes];
-        at += tensor_bytes;
-        let (scales, values) = part.split_at(rows * 4);
-        let mut data = Vec::with_capacity(rows * head_dim);
-        for (s, row) in scales.chunks_exact(4).zip(values.chunks_exact(head_dim)) {
-            let s = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-            data.extend(row.iter().map(|&q| f32::from(q as i8) * s));
+    let mut take = |len: usize| {
+        let part = &body[at..at + len];
+        at += len;
+        part
+    };
+    let mut next = || -> Result<(Tensor, Tensor), DiskError> {
+        let (scales, numbers) = take(rows * (2 + head_dim)).split_at(rows * 2);
+        let mut keys = Vec::with_capacity(rows * head_dim);
+        for (s, row) in scales.chunks_exact(2).zip(numbers.chunks_exact(head_dim)) {
+            let s = f16_at(s);
+            keys.extend(row.iter().map(|&q| f32::from(q as i8) * s));
         }
-        Ok(Tensor::from_vec(data, (1, heads, n, head_dim), &Device::Cpu)?.to_dtype(dtype)?)
+        let groups = rows * head_dim / g;
+        let (ranges, packed) = take(groups * 4 + rows * head_dim / 2).split_at(groups * 4);
+        let mut values = Vec::with_capacity(rows * head_dim);
+        for (r, part) in ranges.chunks_exact(4).zip(packed.chunks_exact(g / 2)) {
+            let (min, step) = (f16_at(&r[..2]), f16_at(&r[2..]));
+            for &b in part {
+                values.push(min + f32::from(b & 15) * step);
+                values.push(min + f32::from(b >> 4) * step);
+            }
+        }
+        Ok((
+            Tensor::from_vec(keys, shape, &Device::Cpu)?.to_dtype(dtype)?,
+            Tensor::from_vec(values, shape, &Device::Cpu)?.to_dtype(dtype)?,
+        ))
     };
     let mut kv = Vec::with_capacity(layers);
     for _ in 0..layers {
-        let k = next()?;
-        let v = next()?;
-        kv.push((k, v));
+        kv.push(next()?);
     }
     let mut block = Block::new(&[], tokens.to_vec(), kv);
     block.context = context;
@@ -469,27 +551,47 @@ mod tests {
     }
 
     #[test]
-    fn a_block_comes_back_within_the_8_bit_error() {
+    fn a_block_comes_back_within_its_rounding() {
         let b = block(&[1, 2, 3], vec![7, 8, 9, 10], 3);
         let bytes = encode(&b).unwrap();
         let back = decode(&bytes, b.context, &b.tokens).unwrap();
         assert_eq!(back.context_len, 3);
         assert_eq!(back.tokens, b.tokens);
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         for ((k, v), (k2, v2)) in b.layers.iter().zip(back.layers.iter()) {
-            for (a, c) in [(k, k2), (v, v2)] {
-                let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-                let c = c.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-                for (row_a, row_c) in a.chunks(8).zip(c.chunks(8)) {
-                    let max = row_a.iter().fold(0f32, |m, x| m.max(x.abs()));
-                    for (x, y) in row_a.iter().zip(row_c) {
-                        // half a step of the row's scale
-                        assert!((x - y).abs() <= max / 254.0 + 1e-6, "{x} {y}");
-                    }
+            // keys: half a step of the row's scale (largest magnitude / 127), the f16
+            // scale's own rounding beside it
+            for (row_a, row_c) in flat(k).chunks(8).zip(flat(k2).chunks(8)) {
+                let max = row_a.iter().fold(0f32, |m, x| m.max(x.abs()));
+                for (x, y) in row_a.iter().zip(row_c) {
+                    assert!((x - y).abs() <= max / 254.0 * 1.01 + 1e-3 * max, "{x} {y}");
+                }
+            }
+            // values: half a step of the group's range / 15 (the group is the whole row of
+            // 8 here), the f16 minimum's rounding beside it
+            for (row_a, row_c) in flat(v).chunks(8).zip(flat(v2).chunks(8)) {
+                let (lo, hi) = row_a
+                    .iter()
+                    .fold((f32::MAX, f32::MIN), |(l, h), &x| (l.min(x), h.max(x)));
+                let tolerance = (hi - lo) / 30.0 * 1.01 + 2e-3 * lo.abs().max(hi.abs());
+                for (x, y) in row_a.iter().zip(row_c) {
+                    assert!((x - y).abs() <= tolerance, "{x} {y} ({lo}..{hi})");
                 }
             }
         }
-        // a quarter of F32's bytes and a little: 4 bytes of scale per 8 values here
-        assert_eq!(bytes.len(), HEADER + 16 + 3 * 2 * (2 * 4 * (4 + 8)) + 8);
+        // per layer and row of 8: keys 2 + 8 bytes, values 4 + 4
+        assert_eq!(bytes.len(), HEADER + 16 + 3 * (2 * 4) * (10 + 8) + 8);
+    }
+
+    #[test]
+    fn values_are_grouped_by_32_along_a_row() {
+        assert_eq!(group(128), 32);
+        assert_eq!(group(64), 32);
+        assert_eq!(group(8), 8);
+        // the 1.5B (28 layers, 2 KV heads of 128) and the 0.5B (24, 2 of 64), a token
+        assert_eq!(28 * layer_bytes(2, 128), 28 * (2 * 130 + 2 * (4 * 4 + 64)));
+        assert_eq!(28 * layer_bytes(2, 128), 11_760);
+        assert_eq!(24 * layer_bytes(2, 64), 5_088);
     }
 
     #[test]
