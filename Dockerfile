@@ -70,7 +70,7 @@ RUN set -eu; \
     done; \
     install -D -m 0644 /models/smollm2/SmolLM2-135M-Instruct.Q8_0.gguf \
       "$d/smollm2/SmolLM2-135M-Instruct.Q8_0.gguf"; \
-    q=qwen2.5-coder-0.5b/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf; \
+    q=qwen2.5-coder-1.5b/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf; \
     install -D -m 0644 "/models/$q" "$d/$q"; \
     du -sh "$d"
 

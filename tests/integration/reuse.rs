@@ -470,6 +470,7 @@ async fn the_server_computes_every_chunks_block_in_the_background() {
     let root = data.join("passages");
     let server = server_in(&data, &[rust_book(OWNERSHIP)], |c| {
         c.generation.passage_reuse = PassageReuse::Passages;
+        c.generation.passage_precompute = true;
     });
     let c = client();
     // an answer while the blocks are being computed

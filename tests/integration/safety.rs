@@ -54,7 +54,7 @@ async fn personal_data_is_redacted_and_injections_are_reported() {
 /// The same with the default model.
 #[tokio::test]
 async fn personal_data_is_redacted_in_the_default_models_answers() {
-    personal_data_and_injections(Some(crate::helpers::default_model())).await;
+    personal_data_and_injections(Some(crate::helpers::qwen_0_5b())).await;
 }
 
 async fn personal_data_and_injections(model: Option<std::path::PathBuf>) {
@@ -245,7 +245,7 @@ async fn injected_instructions_never_reach_the_answer() {
 /// instructions, injected ones included, more readily than the tests' 135M model.
 #[tokio::test]
 async fn injected_instructions_never_reach_the_default_models_answer() {
-    injected_instructions(Some(crate::helpers::default_model())).await;
+    injected_instructions(Some(crate::helpers::qwen_0_5b())).await;
 }
 
 async fn injected_instructions(model: Option<std::path::PathBuf>) {
@@ -326,8 +326,8 @@ async fn injections_of_every_category_are_caught_and_not_carried_out() {
 
 /// The same with the default model.
 #[tokio::test]
-async fn injections_of_every_category_are_not_carried_out_by_the_default_model() {
-    injections_of_every_category(Some(crate::helpers::default_model())).await;
+async fn injections_of_every_category_are_not_carried_out_by_the_qwen_0_5b() {
+    injections_of_every_category(Some(crate::helpers::qwen_0_5b())).await;
 }
 
 async fn injections_of_every_category(model: Option<std::path::PathBuf>) {
@@ -434,7 +434,7 @@ async fn planted_instructions_are_not_carried_out_end_to_end() {
     for (i, defended) in [true, false].into_iter().enumerate() {
         let (_index, address) = server_over(&paths, |c| {
             c.generation.cache_size = 0;
-            c.generation.model = crate::helpers::default_model();
+            c.generation.model = crate::helpers::qwen_0_5b();
             if !defended {
                 c.safety.chunk_injection = docent::query::safety::ChunkInjection::Allow;
                 c.safety.answer_check = false;

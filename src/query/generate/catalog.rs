@@ -1,5 +1,5 @@
 //! The generation models docent knows by name (`models.toml` at the repository root,
-//! compiled in): `generation.model = "qwen2.5-coder-0.5b"` resolves to the file that
+//! compiled in): `generation.model = "qwen2.5-coder-1.5b"` resolves to the file that
 //! `make setup` puts in the models directory, and `docent models` lists them.
 
 use std::path::{Path, PathBuf};
@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 const CATALOG: &str = include_str!("../../../models.toml");
 
 /// The model `generation.model` names when the configuration does not.
-pub const DEFAULT_MODEL: &str = "qwen2.5-coder-0.5b";
+pub const DEFAULT_MODEL: &str = "qwen2.5-coder-1.5b";
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

@@ -31,11 +31,12 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "snake_case")]
 pub enum PassageReuse {
     /// Every prompt prefilled whole.
-    #[default]
     Off,
     /// Only blocks that equal a prefill's (computed after the same tokens: place 1).
     Exact,
-    /// Every passage's block, computed when missing, turned to its place.
+    /// Every passage's block, computed when missing, turned to its place (the default:
+    /// docs/evaluation.md, "The default re-chosen with passage reuse").
+    #[default]
     Passages,
 }
 

@@ -7,9 +7,10 @@
 //! - **full prefill** (`off`);
 //! - **reuse, cold**: the passage cache emptied before each question, so every passage's
 //!   block is computed on the way (place 1 in the answer's own prefill, later places ahead);
-//! - **reuse, warm**: the same questions again with every block in the cache;
-//! - **reuse, disk**: every block read from disk (`generation.passage_disk_mib`: 8-bit keys
-//!   and 4-bit values), memory emptied before each question;
+//! - **reuse, warm**: the same questions again with every block in the cache (each
+//!   question asked once first; from here blocks are written to disk too);
+//! - **reuse, from disk**: every block read from disk (`generation.passage_disk_mib`: 8-bit
+//!   keys and 4-bit values), memory emptied before each question;
 //! - with `--llama-server BIN`, **llama-server** with its prompt cache (`cache_prompt`, one
 //!   slot) on the same model file, sent the same prompts as token ids in the same order: its
 //!   cache holds the previous prompt, so the shared system prompt is not read again.
@@ -210,7 +211,7 @@ async fn one_model(
         let mut c = config.clone();
         c.generation.passage_reuse = reuse;
         c.generation.cache_size = 0;
-        // memory only until the disk pass
+        // memory only until the warm pass
         c.generation.passage_disk_mib = 0;
         c
     };
@@ -253,10 +254,16 @@ async fn one_model(
     }
     b.finish_and_clear();
     let cold_stats = generator.reuse_stats();
+    // from here blocks are kept on disk too: the warm pass's first asks write them
+    generator
+        .attach_passage_disk(&config.data_dir.join("passages"), 16 << 10)
+        .await
+        .context("the passage disk")?;
     let b = bar(questions.len(), format!("{model}: reuse, warm"));
     let mut warm = Vec::new();
     for q in questions {
-        // the first ask fills the cache with this question's blocks; the second is timed
+        // the first ask fills the cache with this question's blocks (computed, or read from
+        // disk when an earlier question's prompt had them); the second is timed
         generator.clear_passages();
         ask(&engine, q, 1).await?;
         warm.push(ask(&engine, q, opts.answer_tokens).await?);
@@ -266,20 +273,8 @@ async fn one_model(
     let after_warm = generator.reuse_stats();
     let warm_stats = after_warm.zip(cold_stats).map(|(w, c)| w.since(&c));
 
-    // blocks read from disk: each question's blocks written once (memory emptied first, so
-    // that each is computed and kept), then read back with memory emptied before each
-    // question (the answer's own prefix still comes from the prefix cache)
-    generator
-        .attach_passage_disk(&config.data_dir.join("passages"), 16 << 10)
-        .await
-        .context("the passage disk")?;
-    let b = bar(questions.len(), format!("{model}: blocks to disk"));
-    for q in questions {
-        generator.clear_passages();
-        ask(&engine, q, 1).await?;
-        b.inc(1);
-    }
-    b.finish_and_clear();
+    // blocks read from disk, memory emptied before each question (the answer's own prefix
+    // still comes from the prefix cache)
     generator.flush_passages().await;
     let before_disk = generator.reuse_stats();
     let b = bar(questions.len(), format!("{model}: reuse, from disk"));
