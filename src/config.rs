@@ -986,13 +986,9 @@ impl Config {
                 ),
             );
         }
+        // with a draft model or without continuous batching, passage reuse is off with a
+        // warning (query::generate::passage_cache): it is on by default
         if self.generation.passage_reuse != crate::query::generate::reuse::PassageReuse::Off {
-            if !self.generation.continuous_batching || self.generation.draft.is_some() {
-                return invalid(
-                    "generation.passage_reuse",
-                    "needs generation.continuous_batching = true and no generation.draft (passages are placed by the chunked prefill of continuous batching); set it to \"off\" or turn continuous batching on".to_string(),
-                );
-            }
             let scale = self.generation.passage_key_scale;
             if !(scale.is_finite() && scale > 0.0 && scale <= 4.0) {
                 return invalid(
@@ -1374,17 +1370,14 @@ mod tests {
             e.contains("generation.lookup_tokens") && e.contains('6'),
             "{e}"
         );
-        // a draft model needs passage reuse off (on by default)
+        // a draft model with passage reuse on (the default): valid (reuse is then off, with
+        // a warning, when the model loads)
+        c.generation.lookup_tokens = 0;
         c.generation.draft = Some(DraftConfig {
             model: "draft.gguf".into(),
             gamma: 4,
         });
-        let e = c.validate().unwrap_err().to_string();
-        assert!(
-            e.contains("generation.passage_reuse") && e.contains("\"off\""),
-            "{e}"
-        );
-        c.generation.passage_reuse = crate::query::generate::reuse::PassageReuse::Off;
+        c.validate().unwrap();
         // with a draft model: one kind of draft or the other
         c.generation.lookup_tokens = 4;
         let e = c.validate().unwrap_err().to_string();

@@ -346,6 +346,10 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             })
             .await??;
             let mut report = evaluated.report;
+            anyhow::ensure!(
+                !precompute || answers.is_some_and(|n| n > 0),
+                "--precompute goes with --answers N (it computes the blocks the answers read)"
+            );
             if let Some(n) = answers.filter(|&n| n > 0) {
                 // the configured answer path, attribution and guards included (the sweep
                 // re-attributes the answers it gave)
@@ -359,6 +363,10 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
                 let engine =
                     Arc::new(startup::query_engine(&config, evaluated.index.clone()).await?);
                 if precompute {
+                    anyhow::ensure!(
+                        engine.generator().reuse_stats().is_some(),
+                        "--precompute: passage reuse is not possible with this model (see the warning above)"
+                    );
                     anyhow::ensure!(
                         config.generation.passage_reuse
                             == docent::query::generate::reuse::PassageReuse::Passages

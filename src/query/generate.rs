@@ -517,6 +517,14 @@ fn passage_cache(config: &GenerationConfig, source: &Source) -> Option<Arc<reuse
     if config.passage_reuse == reuse::PassageReuse::Off {
         return None;
     }
+    // blocks are placed by continuous batching's chunked prefill, and a draft model's cache
+    // would not hold them
+    if config.draft.is_some() || !config.continuous_batching {
+        tracing::warn!(
+            "generation.passage_reuse is on (the default) but needs generation.continuous_batching = true and no generation.draft: prompts are prefilled whole (set passage_reuse = \"off\" to silence this)"
+        );
+        return None;
+    }
     let found = match source {
         Source::Gguf { dir, file } => {
             let path = dir.join(file);
@@ -1423,7 +1431,7 @@ impl Generator {
                     continue;
                 }
                 None => match self
-                    .compute_block(cache, &found.context, tokens.clone())
+                    .compute_block(cache, &found.context, tokens.clone(), false)
                     .await?
                 {
                     Some(b) => b,
@@ -1465,8 +1473,9 @@ impl Generator {
             if cache.contains(context_hash, &tokens) {
                 continue;
             }
+            // ahead of the questions: to disk, not into the memory recent answers use
             if self
-                .compute_block(cache, &found.context, tokens)
+                .compute_block(cache, &found.context, tokens, true)
                 .await?
                 .is_some()
             {
@@ -1483,14 +1492,16 @@ impl Generator {
         cache: &Arc<reuse::PassageCache>,
         context: &[u32],
         tokens: Vec<u32>,
+        disk_only: bool,
     ) -> Result<Option<Arc<reuse::Block>>, GenerateError> {
         let started = Instant::now();
         let ids = [context, &tokens].concat();
-        let reader = Arc::new(reuse::KvReader::new(
-            cache.clone(),
-            context.to_vec(),
-            tokens,
-        ));
+        let reader = reuse::KvReader::new(cache.clone(), context.to_vec(), tokens);
+        let reader = Arc::new(if disk_only {
+            reader.disk_only()
+        } else {
+            reader
+        });
         self.one_step(RequestMessage::CompletionTokens(ids), reader.clone())
             .await?;
         cache.note_computed(started.elapsed());

@@ -20,6 +20,11 @@ pub struct Precomputed {
     /// retrieved: computed when a question needs them).
     pub skipped: usize,
     pub seconds: f64,
+    /// Chunks whose block could not be computed (logged; the run went on).
+    pub failed: usize,
+    /// The run stopped because the disk was full (`generation.passage_disk_mib`): the
+    /// blocks beyond it would only push out those written before.
+    pub disk_full: bool,
     /// The blocks on disk afterwards.
     pub disk_files: usize,
     pub disk_bytes: u64,
@@ -66,7 +71,7 @@ impl QueryEngine {
             documents: documents.len(),
             ..Default::default()
         };
-        for d in &documents {
+        'documents: for d in &documents {
             for i in 0..d.chunks {
                 let Some(chunk) = store
                     .chunk(&d.id, i)
@@ -87,12 +92,41 @@ impl QueryEngine {
                     source: &chunk.source,
                     text: &chunk.text,
                 };
-                // the question comes after the passages: it does not change their blocks
-                let prompt = self.prompts.render("?", &[block])?;
+                if let Some(d) = self.generator.reuse_stats().and_then(|s| s.disk) {
+                    // room for about one more block, or stop
+                    let next = d.bytes / d.files.max(1) as u64;
+                    if d.bytes + next > d.limit {
+                        tracing::warn!(
+                            files = d.files,
+                            bytes = d.bytes,
+                            limit = d.limit,
+                            "the passage disk is full (generation.passage_disk_mib): the remaining chunks' blocks are computed when a question needs them"
+                        );
+                        done.disk_full = true;
+                        break 'documents;
+                    }
+                }
                 while when_idle && self.answers_in_flight() > 0 {
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
-                done.computed += self.generator.precompute_passages(&prompt).await?;
+                // the question comes after the passages: it does not change their blocks
+                let computed = match self.prompts.render("?", &[block]) {
+                    Ok(prompt) => self
+                        .generator
+                        .precompute_passages(&prompt)
+                        .await
+                        .map_err(QueryError::from),
+                    Err(e) => Err(e.into()),
+                };
+                match computed {
+                    Ok(n) => done.computed += n,
+                    Err(e) => {
+                        done.failed += 1;
+                        if done.failed <= 3 {
+                            tracing::warn!(document = %d.id, chunk = i, error = %e, "a passage block was not computed ahead");
+                        }
+                    }
+                }
             }
         }
         self.generator.flush_passages().await;

@@ -259,7 +259,9 @@ impl Application {
         .disable_signals()
         .listen(listener)?
         .run();
+        // to disk only: without one, blocks computed ahead would push each other out of memory
         let precompute = config.generation.passage_precompute
+            && config.generation.passage_disk_mib > 0
             && engine.generator().reuse_stats().is_some()
             && config.generation.passage_reuse
                 == crate::query::generate::reuse::PassageReuse::Passages;
@@ -329,18 +331,23 @@ async fn precompute(engine: Arc<QueryEngine>) {
         if revision.is_some() && revision != done_at {
             match engine.precompute_passages_when_idle().await {
                 Ok(p) => {
-                    if p.computed > 0 {
+                    if p.computed > 0 || p.failed > 0 {
                         tracing::info!(
                             computed = p.computed,
+                            failed = p.failed,
                             chunks = p.chunks,
                             seconds = p.seconds,
                             disk_bytes = p.disk_bytes,
                             "passage blocks computed in the background"
                         );
                     }
+                    // again when the index changes (a full disk waits for that too)
                     done_at = revision;
                 }
-                Err(e) => tracing::warn!(error = %e, "passage blocks not computed ahead"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "passage blocks not computed ahead; trying again in a minute");
+                    tokio::time::sleep(Duration::from_secs(50)).await;
+                }
             }
         }
         tokio::time::sleep(Duration::from_secs(10)).await;

@@ -1,7 +1,8 @@
-//! The hidden states at every generated token (vendor/PATCHES.md 22), with the real default
-//! model: what the citation check (issue 54) reads at each marker.
+//! The hidden states at every generated token (vendor/PATCHES.md 22), with the real Qwen
+//! 0.5B (the default model until issue 55): what the citation check (issue 54) reads at each
+//! marker.
 
-use crate::helpers::default_model;
+use crate::helpers::qwen_0_5b;
 
 /// A greedy answer read with a [`StepReader`]: every generated token but the last has its
 /// state; the state of token k equals the state a fresh prefill of the prompt and tokens
@@ -12,7 +13,7 @@ async fn each_generated_tokens_state_is_the_prefills_state_at_that_position() {
     use docent::query::generate::steps::{marker_states, StepReader};
     use docent::query::generate::{Generator, Params};
     let mut config = crate::helpers::config(&std::env::temp_dir());
-    config.generation.model = default_model();
+    config.generation.model = qwen_0_5b();
     config.generation.prefix_cache = false;
     let generator = Generator::load(&config.generation).await.unwrap();
     let prompts = docent::server::startup::prompts(&config).unwrap();

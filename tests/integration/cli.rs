@@ -108,7 +108,7 @@ fn models_lists_the_catalog_with_what_is_installed_and_configured() {
     };
     // the models make test installs
     let rows = list(&crate::helpers::models(), "qwen2.5-coder-1.5b");
-    let small = row(&rows, docent::query::generate::catalog::DEFAULT_MODEL);
+    let small = row(&rows, "qwen2.5-coder-0.5b");
     assert_eq!(small["name"], "qwen2.5-coder-0.5b", "{small}");
     assert_eq!(small["installed"], true, "{small}");
     assert_eq!(small["configured"], false, "{small}");

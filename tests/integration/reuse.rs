@@ -514,14 +514,42 @@ async fn the_server_computes_every_chunks_block_in_the_background() {
     assert_eq!(wait_for_block_files(&root, now, 120).await, now);
     drop(server);
 
-    // off: nothing computed ahead (the answer's own blocks only)
+    // off: nothing computed ahead, only the blocks of the answer's own passages
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("index");
     let server = server_in(&data, &[rust_book(OWNERSHIP)], |c| {
         c.generation.passage_reuse = PassageReuse::Passages;
         c.generation.passage_precompute = false;
     });
-    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     assert_eq!(block_files(&data.join("passages")), 0);
+    let res = c
+        .post(format!("{}/v1/query", server.address))
+        .json(&serde_json::json!({"question": "What is ownership in Rust?", "generation": {"max_tokens": 4}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    // top_k 2 in the tests' settings
+    let written = wait_for_block_files(&data.join("passages"), 2, 30).await;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert_eq!((written, block_files(&data.join("passages"))), (2, 2));
     drop(server);
+}
+
+/// Passage reuse is on by default, and off (with a warning) where it cannot place blocks:
+/// without continuous batching (a draft model likewise), so such settings still start.
+#[tokio::test]
+async fn reuse_is_off_without_continuous_batching() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = crate::helpers::generation();
+    c.model = config(dir.path()).generation.model;
+    c.passage_reuse = docent::config::Config::default().generation.passage_reuse;
+    assert_eq!(c.passage_reuse, PassageReuse::Passages);
+    let g = Generator::load(&c).await.unwrap();
+    assert!(g.reuse_stats().is_some());
+    drop(g);
+    c.continuous_batching = false;
+    let g = Generator::load(&c).await.unwrap();
+    assert!(g.reuse_stats().is_none());
 }

@@ -241,8 +241,8 @@ async fn injected_instructions_never_reach_the_answer() {
     injected_instructions(None).await;
 }
 
-/// The same with the default model (Qwen2.5-Coder-0.5B-Instruct), which follows
-/// instructions, injected ones included, more readily than the tests' 135M model.
+/// The same with Qwen2.5-Coder-0.5B-Instruct (the default model until issue 55), which
+/// follows instructions, injected ones included, more readily than the tests' 135M model.
 #[tokio::test]
 async fn injected_instructions_never_reach_the_default_models_answer() {
     injected_instructions(Some(crate::helpers::qwen_0_5b())).await;
@@ -471,7 +471,7 @@ async fn planted_instructions_are_not_carried_out_end_to_end() {
 }
 
 /// The second stage with the 1.5B, the model it was measured to pay with (off by default:
-/// with the default 0.5B it does not): a chunk whose planted instruction the classifier
+/// with the 0.5B it does not, and with the 1.5B and passage reuse it is not measured yet): a chunk whose planted instruction the classifier
 /// scores in the band below its threshold is put to the model, whose "yes" (this text gives
 /// instructions to an assistant) passes the cutoff; the chunk is flagged and reported. With
 /// the stage off (`model_check_band = 0`) the same chunk passes as clean. The cutoff here is

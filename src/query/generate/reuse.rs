@@ -361,6 +361,19 @@ impl PassageCache {
         block
     }
 
+    /// Writes `block` to disk without keeping it in memory (blocks computed ahead must not
+    /// push out those recent answers used); kept in memory when there is no disk.
+    pub fn put_on_disk(&self, block: Block) -> Arc<Block> {
+        match self.disk.get() {
+            Some((_, writer)) => {
+                let block = Arc::new(block);
+                writer.send(block.clone());
+                block
+            }
+            None => self.keep(block),
+        }
+    }
+
     /// Keeps `block` in memory only.
     fn keep(&self, block: Block) -> Arc<Block> {
         let block = Arc::new(block);
@@ -473,6 +486,8 @@ pub struct KvReader {
     context: Vec<u32>,
     tokens: Vec<u32>,
     got: Mutex<Option<Arc<Block>>>,
+    /// The block goes to disk only ([`PassageCache::put_on_disk`]).
+    disk_only: bool,
 }
 
 impl KvReader {
@@ -482,7 +497,14 @@ impl KvReader {
             context,
             tokens,
             got: Mutex::default(),
+            disk_only: false,
         }
+    }
+
+    /// The same, its block written to disk without being kept in memory.
+    pub fn disk_only(mut self) -> Self {
+        self.disk_only = true;
+        self
     }
 
     /// The block kept (once the prompt was read).
@@ -509,9 +531,12 @@ impl mistralrs::CustomLogitsProcessor for KvReader {
             .collect::<mistralrs::Result<Vec<_>>>();
         match kept {
             Ok(kept) => {
-                let block = self
-                    .cache
-                    .put(Block::new(&self.context, self.tokens.clone(), kept));
+                let block = Block::new(&self.context, self.tokens.clone(), kept);
+                let block = if self.disk_only {
+                    self.cache.put_on_disk(block)
+                } else {
+                    self.cache.put(block)
+                };
                 if let Ok(mut g) = self.got.lock() {
                     *g = Some(block);
                 }

@@ -465,7 +465,7 @@ mod tests {
 
     #[test]
     fn each_set_of_defences_turns_off_what_it_names() {
-        // every defence on: the defaults, with the second stage (off by default with the 0.5B)
+        // every defence on: the defaults, with the second stage (off by default)
         let mut on = Config::default();
         on.safety.model_check_band = 0.3;
         let s = &on.safety;

@@ -1155,7 +1155,9 @@ pub(crate) fn index_corpus(
             config.store.collection =
                 format!("{}_{tag}_{}", config.store.collection, std::process::id());
             match config.store.location(&tmp) {
-                docent_ingest::store::Location::Qdrant(options) => RemoveOnDrop::Server(options),
+                docent_ingest::store::Location::Qdrant(options) => {
+                    RemoveOnDrop::Server(options, tmp.clone())
+                }
                 docent_ingest::store::Location::Edge { .. } => RemoveOnDrop::Dir(tmp.clone()),
             }
         }
@@ -1642,8 +1644,12 @@ impl std::fmt::Display for EvalReport {
 pub(crate) enum RemoveOnDrop {
     /// An embedded index's directory.
     Dir(std::path::PathBuf),
-    /// Collections on a Qdrant server (chunks and catalog).
-    Server(docent_ingest::store::qdrant::QdrantOptions),
+    /// Collections on a Qdrant server (chunks and catalog), and the local directory beside
+    /// them (passage blocks on disk).
+    Server(
+        docent_ingest::store::qdrant::QdrantOptions,
+        std::path::PathBuf,
+    ),
 }
 
 impl Drop for RemoveOnDrop {
@@ -1652,7 +1658,8 @@ impl Drop for RemoveOnDrop {
             RemoveOnDrop::Dir(dir) => {
                 let _ = std::fs::remove_dir_all(dir);
             }
-            RemoveOnDrop::Server(options) => {
+            RemoveOnDrop::Server(options, dir) => {
+                let _ = std::fs::remove_dir_all(dir);
                 let options = options.clone();
                 // a thread of its own: this may be dropped inside a runtime
                 let dropped = std::thread::spawn(move || {

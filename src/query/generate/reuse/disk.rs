@@ -9,7 +9,7 @@
 //! its largest magnitude / 127. Values are 4-bit, as KIVI (Liu et al., 2024) keeps them:
 //! per token, in groups of 32 along the row, each group with its own minimum and step
 //! (values are summed over many tokens by the attention, so their rounding averages out;
-//! keys decide the attention weights and keep 8 bits). About a sixth of F32's bytes; the
+//! keys decide the attention weights and keep 8 bits). About a fifth of F32's bytes; the
 //! error is measured in `tests`. A file ends with the XXH3-64 of everything before it; a file whose checksum,
 //! header or length is wrong is deleted and counted, never served. Writes go to a temporary
 //! name first and are renamed, so a crash leaves no half-written block under a real name.
@@ -63,6 +63,8 @@ struct Index {
 pub struct DiskStats {
     pub files: usize,
     pub bytes: u64,
+    /// The bound (`generation.passage_disk_mib`).
+    pub limit: u64,
     /// Files found damaged (and deleted) since start.
     pub corrupt: u64,
 }
@@ -254,6 +256,7 @@ impl DiskBlocks {
         DiskStats {
             files: index.files.len(),
             bytes: index.bytes,
+            limit: self.limit,
             corrupt: self.corrupt.load(Ordering::Relaxed),
         }
     }
@@ -282,9 +285,13 @@ fn group(head_dim: usize) -> usize {
 /// Bytes of one layer's keys (a f16 scale and `head_dim` signed bytes per row) and values
 /// (a f16 minimum and step per group, then two numbers a byte) for `rows` rows.
 fn layer_bytes(rows: usize, head_dim: usize) -> usize {
-    let keys = rows * (2 + head_dim);
-    let values = rows * (head_dim / group(head_dim)) * 4 + rows * head_dim / 2;
-    keys + values
+    layer_bytes_wide(rows as u128, head_dim) as usize
+}
+
+/// [`layer_bytes`] without overflow, for sizes read from a file.
+fn layer_bytes_wide(rows: u128, head_dim: usize) -> u128 {
+    let (d, g) = (head_dim as u128, group(head_dim) as u128);
+    rows * (2 + d) + rows * (d / g) * 4 + rows * d / 2
 }
 
 /// A block's file: header, tokens, every layer's keys then values, and the checksum.
@@ -318,7 +325,16 @@ pub fn encode(block: &Block) -> Result<Vec<u8>, DiskError> {
                 return Err(DiskError::Corrupt("layers of different shapes"));
             }
         }
-        let data = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
+        let data = |t: &Tensor| -> Result<Vec<f32>, DiskError> {
+            let data = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            // the scales, minimums and steps are f16
+            if data.iter().any(|x| !x.is_finite() || x.abs() > 60_000.0) {
+                return Err(DiskError::Corrupt(
+                    "numbers beyond f16's range (the block stays in memory only)",
+                ));
+            }
+            Ok(data)
+        };
         quantize_keys(&data(k)?, head_dim, &mut out);
         quantize_values(&data(v)?, head_dim, &mut out);
     }
@@ -415,10 +431,14 @@ pub fn decode(bytes: &[u8], context: u64, tokens: &[u32]) -> Result<Block, DiskE
     if !head_dim.is_multiple_of(2) {
         return Err(Corrupt("an odd head size"));
     }
-    let rows = heads * n;
-    if body.len() != HEADER + 4 * n + layers * layer_bytes(rows, head_dim) {
+    // in wide numbers: a header can say anything (the checksum is not a signature)
+    let expected = HEADER as u128
+        + 4 * n as u128
+        + layers as u128 * layer_bytes_wide(heads as u128 * n as u128, head_dim);
+    if body.len() as u128 != expected {
         return Err(Corrupt("length does not match the header"));
     }
+    let rows = heads * n;
     let stored: Vec<u32> = body[HEADER..HEADER + 4 * n]
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -581,6 +601,82 @@ mod tests {
         }
         // per layer and row of 8: keys 2 + 8 bytes, values 4 + 4
         assert_eq!(bytes.len(), HEADER + 16 + 3 * (2 * 4) * (10 + 8) + 8);
+    }
+
+    /// A block of 2 heads of `head_dim` whose value groups have very different ranges.
+    fn wide_block(tokens: Vec<u32>, head_dim: usize) -> Block {
+        let n = tokens.len();
+        let data = |off: f32| -> Vec<f32> {
+            (0..2 * n * head_dim)
+                .map(|i| {
+                    // the group of 32 along a row sets the magnitude: 0.01 to 100
+                    let g = (i % head_dim) / 32;
+                    ((i as f32 + off) * 0.37).sin() * 10f32.powi(g as i32 - 2)
+                })
+                .collect()
+        };
+        let kv = vec![(
+            Tensor::from_vec(data(0.0), (1, 2, n, head_dim), &Device::Cpu).unwrap(),
+            Tensor::from_vec(data(0.5), (1, 2, n, head_dim), &Device::Cpu).unwrap(),
+        )];
+        Block::new(&[4, 2], tokens, kv)
+    }
+
+    #[test]
+    fn groups_of_32_keep_each_groups_own_range() {
+        for head_dim in [64, 128] {
+            let b = wide_block(vec![3, 1, 4, 1, 5], head_dim);
+            let bytes = encode(&b).unwrap();
+            let back = decode(&bytes, b.context, &b.tokens).unwrap();
+            let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let (v, v2) = (flat(&b.layers[0].1), flat(&back.layers[0].1));
+            for (group, group2) in v.chunks(32).zip(v2.chunks(32)) {
+                let (lo, hi) = group
+                    .iter()
+                    .fold((f32::MAX, f32::MIN), |(l, h), &x| (l.min(x), h.max(x)));
+                // half a step of this group's own range (not the row's, whose largest
+                // group is 10,000 times wider)
+                let tolerance = (hi - lo) / 30.0 * 1.01 + 2e-3 * lo.abs().max(hi.abs());
+                for (x, y) in group.iter().zip(group2) {
+                    assert!(
+                        (x - y).abs() <= tolerance,
+                        "{head_dim}: {x} {y} ({lo}..{hi})"
+                    );
+                }
+            }
+            let (k, k2) = (flat(&b.layers[0].0), flat(&back.layers[0].0));
+            for (row, row2) in k.chunks(head_dim).zip(k2.chunks(head_dim)) {
+                let max = row.iter().fold(0f32, |m, x| m.max(x.abs()));
+                for (x, y) in row.iter().zip(row2) {
+                    assert!((x - y).abs() <= max / 254.0 * 1.01 + 1e-3 * max, "{x} {y}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_header_that_lies_about_sizes_is_refused_even_with_a_good_checksum() {
+        let b = block(&[1, 2, 3], vec![7, 8, 9], 2);
+        let mut bytes = encode(&b).unwrap();
+        bytes.truncate(bytes.len() - 8);
+        // layers (at 32) and heads (at 36): huge, so that a narrow product would wrap
+        for (at, value) in [(32, u32::MAX), (36, u32::MAX), (32, 3)] {
+            let mut lying = bytes.clone();
+            lying[at..at + 4].copy_from_slice(&value.to_le_bytes());
+            let sum = xxhash_rust::xxh3::xxh3_64(&lying);
+            lying.extend_from_slice(&sum.to_le_bytes());
+            let e = decode(&lying, b.context, &b.tokens).err().expect("refused");
+            assert!(e.to_string().contains("length"), "{e}");
+        }
+    }
+
+    #[test]
+    fn numbers_beyond_f16_are_not_written() {
+        let mut b = block(&[1], vec![5, 6], 1);
+        let (k, v) = b.layers[0].clone();
+        let big = (v.clone() * 1e6).unwrap();
+        Arc::get_mut(&mut b.layers).unwrap()[0] = (k, big);
+        assert!(encode(&b).is_err());
     }
 
     #[test]

@@ -868,6 +868,6 @@ impl Engine {
             .send(Ok(txt))
             .await
             // docent (vendor/PATCHES.md 24): the asker may be gone (a request dropped)
-                    .unwrap_or_else(|_| warn!("Receiver disconnected"));
+            .unwrap_or_else(|_| warn!("Receiver disconnected"));
     }
 }
