@@ -449,6 +449,18 @@ async fn wait_for_block_files(root: &std::path::Path, n: usize, secs: u64) -> us
     block_files(root)
 }
 
+/// A short answer to a question the ownership chapter answers; it must succeed.
+async fn ask_ownership(c: &reqwest::Client, address: &str) {
+    let res = c
+        .post(format!("{address}/v1/query"))
+        .json(&serde_json::json!({"question": "What is ownership in Rust?", "generation": {"max_tokens": 4}}))
+        .send()
+        .await
+        .unwrap();
+    let status = res.status();
+    assert_eq!(status, 200, "{}", res.text().await.unwrap());
+}
+
 async fn chunks_listed(c: &reqwest::Client, address: &str) -> usize {
     let list = crate::helpers::get_json(c, &format!("{address}/v1/documents?limit=100")).await;
     list["documents"]
@@ -474,14 +486,7 @@ async fn the_server_computes_every_chunks_block_in_the_background() {
     });
     let c = client();
     // an answer while the blocks are being computed
-    let res = c
-        .post(format!("{}/v1/query", server.address))
-        .json(&serde_json::json!({"question": "What is ownership in Rust?", "generation": {"max_tokens": 4}}))
-        .send()
-        .await
-        .unwrap();
-    let status = res.status();
-    assert_eq!(status, 200, "{}", res.text().await.unwrap());
+    ask_ownership(&c, &server.address).await;
     let chunks = chunks_listed(&c, &server.address).await;
     assert!(chunks > 5, "{chunks}");
     assert_eq!(wait_for_block_files(&root, chunks, 300).await, chunks);
@@ -523,13 +528,7 @@ async fn the_server_computes_every_chunks_block_in_the_background() {
     });
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     assert_eq!(block_files(&data.join("passages")), 0);
-    let res = c
-        .post(format!("{}/v1/query", server.address))
-        .json(&serde_json::json!({"question": "What is ownership in Rust?", "generation": {"max_tokens": 4}}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 200);
+    ask_ownership(&c, &server.address).await;
     // top_k 2 in the tests' settings
     let written = wait_for_block_files(&data.join("passages"), 2, 30).await;
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
