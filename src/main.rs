@@ -363,23 +363,7 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
                 let engine =
                     Arc::new(startup::query_engine(&config, evaluated.index.clone()).await?);
                 if precompute {
-                    anyhow::ensure!(
-                        engine.generator().reuse_stats().is_some(),
-                        "--precompute: passage reuse is not possible with this model (see the warning above)"
-                    );
-                    anyhow::ensure!(
-                        config.generation.passage_reuse
-                            == docent::query::generate::reuse::PassageReuse::Passages
-                            && config.generation.passage_disk_mib > 0,
-                        "--precompute needs generation.passage_reuse = \"passages\" and passage_disk_mib > 0"
-                    );
-                    let done = engine.precompute_passages(&|_, _| {}).await?;
-                    engine.generator().flush_passages().await;
-                    engine.generator().clear_passages();
-                    eprintln!(
-                        "eval: {} passage blocks computed ahead in {:.0} s ({} bytes on disk); the answers read them back",
-                        done.computed, done.seconds, done.disk_bytes
-                    );
+                    precompute_for_eval(&config, &engine).await?;
                 }
                 // the probe decides at its own threshold (its file's unless configured)
                 if let Some((probe, _)) = engine.generator().probe() {
@@ -913,6 +897,31 @@ async fn train_refusal(config: &Config, a: docent::cli::TrainRefusal) -> anyhow:
     };
     let report = docent::tools::train_refusal::run(config, &settings).await?;
     print_report(&report, a.json)
+}
+
+/// `docent eval --precompute`: every chunk's block computed and the memory emptied, so that
+/// the answers read their blocks back from disk.
+async fn precompute_for_eval(
+    config: &docent::config::Config,
+    engine: &docent::query::QueryEngine,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        engine.generator().reuse_stats().is_some(),
+        "--precompute: passage reuse is not possible with this model (see the warning above)"
+    );
+    anyhow::ensure!(
+        config.generation.passage_reuse == docent::query::generate::reuse::PassageReuse::Passages
+            && config.generation.passage_disk_mib > 0,
+        "--precompute needs generation.passage_reuse = \"passages\" and passage_disk_mib > 0"
+    );
+    // on disk once this returns (it waits for the writes)
+    let done = engine.precompute_passages(&|_, _| {}).await?;
+    engine.generator().clear_passages();
+    eprintln!(
+        "eval: {} passage blocks computed ahead in {:.0} s ({} bytes on disk); the answers read them back",
+        done.computed, done.seconds, done.disk_bytes
+    );
+    Ok(())
 }
 
 /// `docent precompute`: every chunk's passage block, to disk beside the index.

@@ -200,6 +200,36 @@ async fn llama_server_pass(
     .context("the llama-server pass")?
 }
 
+/// Each of `questions` answered with `tokens` tokens and timed, the passage memory emptied
+/// before each; with `fill_first`, asked once (one token) before the timed answer, so that
+/// every block it needs is in memory.
+async fn timed_pass(
+    engine: &Arc<crate::query::QueryEngine>,
+    questions: &[String],
+    tokens: usize,
+    what: String,
+    fill_first: bool,
+) -> anyhow::Result<Vec<Timed>> {
+    let b = indicatif::ProgressBar::new(questions.len() as u64);
+    b.set_style(
+        indicatif::ProgressStyle::with_template("{msg} {bar:30} {pos}/{len} {eta} left")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    b.set_message(what);
+    let generator = engine.generator();
+    let mut out = Vec::with_capacity(questions.len());
+    for q in questions {
+        generator.clear_passages();
+        if fill_first {
+            ask(engine, q, 1).await?;
+        }
+        out.push(ask(engine, q, tokens).await?);
+        b.inc(1);
+    }
+    b.finish_and_clear();
+    Ok(out)
+}
+
 /// The passes for one model over `questions`.
 async fn one_model(
     config: &Config,
@@ -215,28 +245,20 @@ async fn one_model(
         c.generation.passage_disk_mib = 0;
         c
     };
-    let bar = |n: usize, what: String| {
-        let b = indicatif::ProgressBar::new(n as u64);
-        b.set_style(
-            indicatif::ProgressStyle::with_template("{msg} {bar:30} {pos}/{len} {eta} left")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        b.set_message(what);
-        b
-    };
     let model = config.generation.model.display().to_string();
+    let tokens = opts.answer_tokens;
 
     let full = {
         let engine =
             Arc::new(startup::query_engine(&engine_with(PassageReuse::Off), index.clone()).await?);
-        let b = bar(questions.len(), format!("{model}: full prefill"));
-        let mut out = Vec::new();
-        for q in questions {
-            out.push(ask(&engine, q, opts.answer_tokens).await?);
-            b.inc(1);
-        }
-        b.finish_and_clear();
-        out
+        timed_pass(
+            &engine,
+            questions,
+            tokens,
+            format!("{model}: full prefill"),
+            false,
+        )
+        .await?
     };
     let engine =
         Arc::new(startup::query_engine(&engine_with(PassageReuse::Passages), index.clone()).await?);
@@ -245,31 +267,28 @@ async fn one_model(
         generator.reuse_stats().is_some(),
         "passage reuse is not possible with {model} (see the warning above)"
     );
-    let b = bar(questions.len(), format!("{model}: reuse, cold"));
-    let mut cold = Vec::new();
-    for q in questions {
-        generator.clear_passages();
-        cold.push(ask(&engine, q, opts.answer_tokens).await?);
-        b.inc(1);
-    }
-    b.finish_and_clear();
+    let cold = timed_pass(
+        &engine,
+        questions,
+        tokens,
+        format!("{model}: reuse, cold"),
+        false,
+    )
+    .await?;
     let cold_stats = generator.reuse_stats();
     // from here blocks are kept on disk too: the warm pass's first asks write them
     generator
         .attach_passage_disk(&config.data_dir.join("passages"), 16 << 10)
         .await
         .context("the passage disk")?;
-    let b = bar(questions.len(), format!("{model}: reuse, warm"));
-    let mut warm = Vec::new();
-    for q in questions {
-        // the first ask fills the cache with this question's blocks (computed, or read from
-        // disk when an earlier question's prompt had them); the second is timed
-        generator.clear_passages();
-        ask(&engine, q, 1).await?;
-        warm.push(ask(&engine, q, opts.answer_tokens).await?);
-        b.inc(1);
-    }
-    b.finish_and_clear();
+    let warm = timed_pass(
+        &engine,
+        questions,
+        tokens,
+        format!("{model}: reuse, warm"),
+        true,
+    )
+    .await?;
     let after_warm = generator.reuse_stats();
     let warm_stats = after_warm.zip(cold_stats).map(|(w, c)| w.since(&c));
 
@@ -277,14 +296,14 @@ async fn one_model(
     // still comes from the prefix cache)
     generator.flush_passages().await;
     let before_disk = generator.reuse_stats();
-    let b = bar(questions.len(), format!("{model}: reuse, from disk"));
-    let mut from_disk = Vec::new();
-    for q in questions {
-        generator.clear_passages();
-        from_disk.push(ask(&engine, q, opts.answer_tokens).await?);
-        b.inc(1);
-    }
-    b.finish_and_clear();
+    let from_disk = timed_pass(
+        &engine,
+        questions,
+        tokens,
+        format!("{model}: reuse, from disk"),
+        false,
+    )
+    .await?;
     let disk_stats = generator
         .reuse_stats()
         .zip(before_disk)
