@@ -706,14 +706,12 @@ impl Config {
         Ok(())
     }
 
-    /// Checks values that do not need files.
+    /// Checks values that do not need files: each section's own, then the ones that span
+    /// sections.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.store.validate()?;
         self.auth.validate()?;
-        let invalid = |field, message: String| Err(ConfigError::Invalid { field, message });
-        if self.embedding.max_length < 3 {
-            return invalid("embedding.max_length", "must be at least 3".into());
-        }
+        self.embedding.validate()?;
         let limit = self.embedding.max_length - 2;
         if self.chunking.max_tokens == 0 || self.chunking.max_tokens > limit {
             return invalid(
@@ -730,390 +728,18 @@ impl Config {
                 ),
             );
         }
-        let f = &self.retrieval.fusion;
-        let positive = |w: f32| w.is_finite() && w > 0.0;
-        if f.rrf_k == 0
-            || f.candidates == 0
-            || !positive(f.dense_weight)
-            || !positive(f.sparse_weight)
-        {
-            return invalid(
-                "retrieval.fusion",
-                format!(
-                    "rrf_k and candidates must be at least 1 and both weights above 0, got rrf_k = {}, candidates = {}, dense_weight = {}, sparse_weight = {}",
-                    f.rrf_k, f.candidates, f.dense_weight, f.sparse_weight
-                ),
-            );
-        }
-        if let Some(l) = f.mmr_lambda {
-            if !(0.0..=1.0).contains(&l) {
-                return invalid(
-                    "retrieval.fusion.mmr_lambda",
-                    format!("must be between 0 (diversity only) and 1 (relevance only), got {l}"),
-                );
-            }
-        }
-        let ef = self.retrieval.ann.ef;
-        if !(1..=MAX_EF).contains(&ef) {
-            return invalid(
-                "retrieval.ann.ef",
-                format!("must be between 1 and {MAX_EF}, got {ef} (retrieval.ann.exact = true searches every vector)"),
-            );
-        }
-        if self.retrieval.neighbors > MAX_NEIGHBORS {
-            return invalid(
-                "retrieval.neighbors",
-                format!(
-                    "must be at most {MAX_NEIGHBORS}, got {}",
-                    self.retrieval.neighbors
-                ),
-            );
-        }
-        if !(0.0..=1.0).contains(&self.retrieval.min_support) {
-            return invalid(
-                "retrieval.min_support",
-                format!(
-                    "is a score between 0 (off) and 1, got {}",
-                    self.retrieval.min_support
-                ),
-            );
-        }
-        let bm25 = self.embedding.bm25;
-        if !(bm25.k1 > 0.0 && bm25.k1 <= 10.0) {
-            return invalid(
-                "embedding.bm25.k1",
-                format!(
-                    "is BM25's term saturation, between 0 and 10 (usually 1.2), got {}",
-                    bm25.k1
-                ),
-            );
-        }
-        if !(0.0..=1.0).contains(&bm25.b) {
-            return invalid(
-                "embedding.bm25.b",
-                format!(
-                    "is BM25's length normalisation, between 0 and 1 (usually 0.75), got {}",
-                    bm25.b
-                ),
-            );
-        }
-        if !(bm25.avg_len >= 1.0 && bm25.avg_len.is_finite()) {
-            return invalid(
-                "embedding.bm25.avg_len",
-                format!(
-                    "is a length in BM25 tokens, at least 1, got {}",
-                    bm25.avg_len
-                ),
-            );
-        }
-        if !(0.0..=2.0).contains(&self.retrieval.term_weight) {
-            return invalid(
-                "retrieval.term_weight",
-                format!(
-                    "is a weight between 0 (cosine only) and 2, got {}",
-                    self.retrieval.term_weight
-                ),
-            );
-        }
-        let most = 1.0 + self.retrieval.term_weight;
-        if !(-1.0..=most).contains(&self.retrieval.min_score) {
-            return invalid(
-                "retrieval.min_score",
-                format!(
-                    "is a refusal score (cosine similarity + term_weight × term share) and must be between -1 and {most}, got {}",
-                    self.retrieval.min_score
-                ),
-            );
-        }
+        self.retrieval.validate()?;
         if self.ingest.queue_depth == 0 || self.ingest.flush_every == 0 {
             return invalid(
                 "ingest.queue_depth",
                 "ingest.queue_depth and ingest.flush_every must be at least 1".into(),
             );
         }
-        if self.retrieval.top_k == 0 || self.retrieval.top_k > self.retrieval.max_top_k {
-            return invalid(
-                "retrieval.top_k",
-                format!(
-                    "must be between 1 and retrieval.max_top_k ({}), got {}",
-                    self.retrieval.max_top_k, self.retrieval.top_k
-                ),
-            );
-        }
-        if !["f32", "f16", "bf16", "auto"].contains(&self.generation.dtype.as_str()) {
-            return invalid(
-                "generation.dtype",
-                format!(
-                    "must be one of f32, f16, bf16, auto, got {:?}",
-                    self.generation.dtype
-                ),
-            );
-        }
-        {
-            use crate::query::generate::device::{DeviceChoice, CUDA_BUILT};
-            match self.generation.device.parse::<DeviceChoice>() {
-                Err(e) => return invalid("generation.device", e),
-                Ok(DeviceChoice::Cuda(_)) if !CUDA_BUILT => {
-                    return invalid(
-                        "generation.device",
-                        "this binary was built without CUDA: build with `--features cuda` \
-                         (scripts/cuda-toolkit.sh), or use cpu or auto"
-                            .into(),
-                    );
-                }
-                Ok(_) => {}
-            }
-        }
-        if !matches!(
-            self.generation.answer_mode,
-            crate::query::AnswerMode::Generative | crate::query::AnswerMode::Extractive
-        ) {
-            return invalid(
-                "generation.answer_mode",
-                format!(
-                    "must be generative or extractive, got {:?}",
-                    self.generation.answer_mode
-                ),
-            );
-        }
-        if !(0.0..=2.0).contains(&self.generation.temperature) {
-            return invalid(
-                "generation.temperature",
-                format!("must be in 0..=2, got {}", self.generation.temperature),
-            );
-        }
-        if !(self.generation.top_p > 0.0 && self.generation.top_p <= 1.0) {
-            return invalid(
-                "generation.top_p",
-                format!("must be in (0, 1], got {}", self.generation.top_p),
-            );
-        }
-        if !(0.5..=2.0).contains(&self.generation.repetition_penalty) {
-            return invalid(
-                "generation.repetition_penalty",
-                format!(
-                    "must be in 0.5..=2, got {}",
-                    self.generation.repetition_penalty
-                ),
-            );
-        }
-        if !(0.0..=5.0).contains(&self.generation.dry_multiplier) {
-            return invalid(
-                "generation.dry_multiplier",
-                format!(
-                    "must be in 0..=5 (0 is off), got {}",
-                    self.generation.dry_multiplier
-                ),
-            );
-        }
-        if self.generation.max_tokens > self.generation.max_tokens_limit {
-            return invalid(
-                "generation.max_tokens",
-                format!(
-                    "must not exceed generation.max_tokens_limit ({}), got {}",
-                    self.generation.max_tokens_limit, self.generation.max_tokens
-                ),
-            );
-        }
-        if self.server.max_body_bytes < 256 || self.server.max_question_chars == 0 {
-            return invalid(
-                "server.max_body_bytes",
-                "server.max_body_bytes must be at least 256 and server.max_question_chars at least 1".into(),
-            );
-        }
-        if let Some((ext, _)) = self
-            .server
-            .upload_limits
-            .iter()
-            .find(|(ext, _)| !docent_ingest::load::SUPPORTED_EXTENSIONS.contains(&ext.as_str()))
-        {
-            return invalid(
-                "server.upload_limits",
-                format!(
-                    "unknown file type {ext:?}: use one of {}",
-                    docent_ingest::load::SUPPORTED_EXTENSIONS.join(", ")
-                ),
-            );
-        }
-        if self.server.request_timeout_s == 0 || self.server.max_in_flight == 0 {
-            return invalid(
-                "server.request_timeout_s",
-                "server.request_timeout_s and server.max_in_flight must be at least 1".into(),
-            );
-        }
-        if let Some(o) =
-            self.server.cors_origins.iter().find(|o| {
-                o.as_str() != "*" && !(o.starts_with("http://") || o.starts_with("https://"))
-            })
-        {
-            return invalid(
-                "server.cors_origins",
-                format!("{o:?} is not an origin: use http(s)://host[:port], or \"*\""),
-            );
-        }
-        if !["docent", "candle"].contains(&self.generation.kernels.as_str()) {
-            return invalid(
-                "generation.kernels",
-                format!(
-                    "must be docent or candle, got {:?}",
-                    self.generation.kernels
-                ),
-            );
-        }
-        if !["auto", "avx512", "avx2", "scalar"].contains(&self.generation.isa.as_str()) {
-            return invalid(
-                "generation.isa",
-                format!(
-                    "must be auto, avx512, avx2 or scalar, got {:?}",
-                    self.generation.isa
-                ),
-            );
-        }
-        if !["f32", "f16"].contains(&self.generation.kv_cache.as_str()) {
-            return invalid(
-                "generation.kv_cache",
-                format!("must be f32 or f16, got {:?}", self.generation.kv_cache),
-            );
-        }
-        if self.generation.prefill_chunk_tokens != 0
-            && !(16..=65_536).contains(&self.generation.prefill_chunk_tokens)
-        {
-            return invalid(
-                "generation.prefill_chunk_tokens",
-                format!(
-                    "must be 0 (off) or between 16 and 65536, got {}",
-                    self.generation.prefill_chunk_tokens
-                ),
-            );
-        }
-        // with a draft model or without continuous batching, passage reuse is off with a
-        // warning (query::generate::passage_cache): it is on by default
-        if self.generation.passage_reuse != crate::query::generate::reuse::PassageReuse::Off {
-            let scale = self.generation.passage_key_scale;
-            if !(scale.is_finite() && scale > 0.0 && scale <= 4.0) {
-                return invalid(
-                    "generation.passage_key_scale",
-                    format!("must be above 0 and at most 4 (1 leaves placed keys as they are), not {scale}"),
-                );
-            }
-            if self.generation.passage_cache_mib == 0 {
-                return invalid(
-                    "generation.passage_cache_mib",
-                    "must be at least 1 with generation.passage_reuse on".to_string(),
-                );
-            }
-        }
-        if self.generation.threads > 1024 {
-            return invalid(
-                "generation.threads",
-                format!(
-                    "must be 0 (one per core) to 1024, got {}",
-                    self.generation.threads
-                ),
-            );
-        }
-        if self.generation.max_queue == 0 {
-            return invalid("generation.max_queue", "must be at least 1".into());
-        }
+        self.server.validate()?;
+        self.generation.validate()?;
+        self.validate_refusal_probe()?;
         if let Err(e) = self.safety.check() {
             return invalid("safety.deny", e);
-        }
-        if let Some(isq) = &self.generation.isq {
-            if mistralrs::core::parse_isq_value(isq, None).is_err() {
-                return invalid(
-                    "generation.isq",
-                    format!("unknown quantization {isq:?}; use q4_0, q4_1, q5_0, q5_1, q8_0, q2k, q3k, q4k, q5k, q6k or q8k"),
-                );
-            }
-        }
-        if self.generation.uqff.is_some() && self.generation.isq.is_none() {
-            return invalid(
-                "generation.uqff",
-                "needs generation.isq (the quantization to write)".into(),
-            );
-        }
-        {
-            use crate::query::generate::catalog;
-            let models = [
-                ("generation.model", Some(&self.generation.model)),
-                (
-                    "generation.draft.model",
-                    self.generation.draft.as_ref().map(|d| &d.model),
-                ),
-            ];
-            for (field, model) in models {
-                let Some(model) = model else { continue };
-                let name = model.to_string_lossy();
-                if catalog::looks_like_name(model) && catalog::find(&name).is_none() {
-                    let known: Vec<&str> =
-                        catalog::known().iter().map(|m| m.name.as_str()).collect();
-                    return invalid(
-                        field,
-                        format!(
-                            "{name:?} is neither a known model ({}; `docent models` lists them) nor an existing file; give a name or the path of a GGUF file",
-                            known.join(", ")
-                        ),
-                    );
-                }
-            }
-        }
-        let t = self.generation.refusal_threshold;
-        if !(t > 0.0 && t <= 1.0) {
-            return invalid(
-                "generation.refusal_threshold",
-                format!("is a probability above 0 and at most 1 (1: refuse only when the model writes the refusal phrase), got {t}"),
-            );
-        }
-        self.validate_refusal_probe()?;
-        if self.generation.refusal_check == crate::query::generate::RefusalCheck::Question
-            && self.generation.refusal_phrase.trim().is_empty()
-        {
-            return invalid(
-                "generation.refusal",
-                "\"question\" asks the model whether the passages hold the answer, which is off when generation.refusal_phrase is empty; set a refusal phrase or use \"first_token\"".to_string(),
-            );
-        }
-        let lookup_max = crate::query::generate::lookup::MAX_DRAFT_TOKENS;
-        if self.generation.lookup_tokens > lookup_max {
-            return invalid(
-                "generation.lookup_tokens",
-                format!(
-                    "must be between 0 (off) and {lookup_max}, got {}",
-                    self.generation.lookup_tokens
-                ),
-            );
-        }
-        if self.generation.draft.is_some() && self.generation.lookup_tokens > 0 {
-            return invalid(
-                "generation.lookup_tokens",
-                "prompt-lookup drafts and a draft model (generation.draft) are alternatives: set generation.lookup_tokens = 0 or remove generation.draft".into(),
-            );
-        }
-        if let Some(draft) = &self.generation.draft {
-            if !(1..=16).contains(&draft.gamma) {
-                return invalid(
-                    "generation.draft.gamma",
-                    format!("must be between 1 and 16, got {}", draft.gamma),
-                );
-            }
-            if self.generation.temperature != 0.0 {
-                return invalid(
-                    "generation.temperature",
-                    "speculative decoding (generation.draft) is greedy only in mistral.rs: set temperature = 0".into(),
-                );
-            }
-        }
-        if self.generation.max_tokens == 0 || self.generation.max_num_seqs == 0 {
-            return invalid(
-                "generation.max_tokens",
-                "generation.max_tokens and generation.max_num_seqs must be at least 1".into(),
-            );
-        }
-        if self.embedding.threads == 0 || self.embedding.batch_size == 0 {
-            return invalid(
-                "embedding.threads",
-                "embedding.threads and embedding.batch_size must be at least 1".into(),
-            );
         }
         Ok(())
     }
@@ -1159,6 +785,418 @@ impl Config {
                 &self.prompts.dir.join(t),
                 "point prompts.dir at docent's prompts/ directory",
             )?;
+        }
+        Ok(())
+    }
+}
+
+/// The configuration error for `field`, saying what to fix.
+fn invalid(field: &'static str, message: String) -> Result<(), ConfigError> {
+    Err(ConfigError::Invalid { field, message })
+}
+
+impl EmbeddingConfig {
+    /// Token limits, threads, batch size and BM25's parameters.
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_length < 3 {
+            return invalid("embedding.max_length", "must be at least 3".into());
+        }
+        if self.threads == 0 || self.batch_size == 0 {
+            return invalid(
+                "embedding.threads",
+                "embedding.threads and embedding.batch_size must be at least 1".into(),
+            );
+        }
+        let bm25 = self.bm25;
+        if !(bm25.k1 > 0.0 && bm25.k1 <= 10.0) {
+            return invalid(
+                "embedding.bm25.k1",
+                format!(
+                    "is BM25's term saturation, between 0 and 10 (usually 1.2), got {}",
+                    bm25.k1
+                ),
+            );
+        }
+        if !(0.0..=1.0).contains(&bm25.b) {
+            return invalid(
+                "embedding.bm25.b",
+                format!(
+                    "is BM25's length normalisation, between 0 and 1 (usually 0.75), got {}",
+                    bm25.b
+                ),
+            );
+        }
+        if !(bm25.avg_len >= 1.0 && bm25.avg_len.is_finite()) {
+            return invalid(
+                "embedding.bm25.avg_len",
+                format!(
+                    "is a length in BM25 tokens, at least 1, got {}",
+                    bm25.avg_len
+                ),
+            );
+        }
+        Ok(())
+    }
+}
+
+impl RetrievalConfig {
+    /// Fusion, the ANN beam, neighbours, the refusal scores and `top_k`.
+    fn validate(&self) -> Result<(), ConfigError> {
+        let f = &self.fusion;
+        let positive = |w: f32| w.is_finite() && w > 0.0;
+        if f.rrf_k == 0
+            || f.candidates == 0
+            || !positive(f.dense_weight)
+            || !positive(f.sparse_weight)
+        {
+            return invalid(
+                "retrieval.fusion",
+                format!(
+                    "rrf_k and candidates must be at least 1 and both weights above 0, got rrf_k = {}, candidates = {}, dense_weight = {}, sparse_weight = {}",
+                    f.rrf_k, f.candidates, f.dense_weight, f.sparse_weight
+                ),
+            );
+        }
+        if let Some(l) = f.mmr_lambda {
+            if !(0.0..=1.0).contains(&l) {
+                return invalid(
+                    "retrieval.fusion.mmr_lambda",
+                    format!("must be between 0 (diversity only) and 1 (relevance only), got {l}"),
+                );
+            }
+        }
+        let ef = self.ann.ef;
+        if !(1..=MAX_EF).contains(&ef) {
+            return invalid(
+                "retrieval.ann.ef",
+                format!("must be between 1 and {MAX_EF}, got {ef} (retrieval.ann.exact = true searches every vector)"),
+            );
+        }
+        if self.neighbors > MAX_NEIGHBORS {
+            return invalid(
+                "retrieval.neighbors",
+                format!("must be at most {MAX_NEIGHBORS}, got {}", self.neighbors),
+            );
+        }
+        if !(0.0..=1.0).contains(&self.min_support) {
+            return invalid(
+                "retrieval.min_support",
+                format!("is a score between 0 (off) and 1, got {}", self.min_support),
+            );
+        }
+        if !(0.0..=2.0).contains(&self.term_weight) {
+            return invalid(
+                "retrieval.term_weight",
+                format!(
+                    "is a weight between 0 (cosine only) and 2, got {}",
+                    self.term_weight
+                ),
+            );
+        }
+        let most = 1.0 + self.term_weight;
+        if !(-1.0..=most).contains(&self.min_score) {
+            return invalid(
+                "retrieval.min_score",
+                format!(
+                    "is a refusal score (cosine similarity + term_weight × term share) and must be between -1 and {most}, got {}",
+                    self.min_score
+                ),
+            );
+        }
+        if self.top_k == 0 || self.top_k > self.max_top_k {
+            return invalid(
+                "retrieval.top_k",
+                format!(
+                    "must be between 1 and retrieval.max_top_k ({}), got {}",
+                    self.max_top_k, self.top_k
+                ),
+            );
+        }
+        Ok(())
+    }
+}
+
+impl ServerConfig {
+    /// Body and question limits, upload types, timeouts and CORS origins.
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_body_bytes < 256 || self.max_question_chars == 0 {
+            return invalid(
+                "server.max_body_bytes",
+                "server.max_body_bytes must be at least 256 and server.max_question_chars at least 1".into(),
+            );
+        }
+        let supported = docent_ingest::load::SUPPORTED_EXTENSIONS;
+        if let Some((ext, _)) = self
+            .upload_limits
+            .iter()
+            .find(|(ext, _)| !supported.contains(&ext.as_str()))
+        {
+            return invalid(
+                "server.upload_limits",
+                format!(
+                    "unknown file type {ext:?}: use one of {}",
+                    supported.join(", ")
+                ),
+            );
+        }
+        if self.request_timeout_s == 0 || self.max_in_flight == 0 {
+            return invalid(
+                "server.request_timeout_s",
+                "server.request_timeout_s and server.max_in_flight must be at least 1".into(),
+            );
+        }
+        if let Some(o) = self
+            .cors_origins
+            .iter()
+            .find(|o| o.as_str() != "*" && !(o.starts_with("http://") || o.starts_with("https://")))
+        {
+            return invalid(
+                "server.cors_origins",
+                format!("{o:?} is not an origin: use http(s)://host[:port], or \"*\""),
+            );
+        }
+        Ok(())
+    }
+}
+
+impl GenerationConfig {
+    /// The engine's settings, sampling, passage reuse, the models and the refusal.
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_engine()?;
+        self.validate_sampling()?;
+        self.validate_passage_reuse()?;
+        self.validate_models()?;
+        self.validate_refusal()
+    }
+
+    /// dtype, device, kernels, instruction set, KV cache, prefill chunks, threads, queue.
+    fn validate_engine(&self) -> Result<(), ConfigError> {
+        use crate::query::generate::device::{DeviceChoice, CUDA_BUILT};
+        if !["f32", "f16", "bf16", "auto"].contains(&self.dtype.as_str()) {
+            return invalid(
+                "generation.dtype",
+                format!("must be one of f32, f16, bf16, auto, got {:?}", self.dtype),
+            );
+        }
+        match self.device.parse::<DeviceChoice>() {
+            Err(e) => return invalid("generation.device", e),
+            Ok(DeviceChoice::Cuda(_)) if !CUDA_BUILT => {
+                return invalid(
+                    "generation.device",
+                    "this binary was built without CUDA: build with `--features cuda` \
+                     (scripts/cuda-toolkit.sh), or use cpu or auto"
+                        .into(),
+                );
+            }
+            Ok(_) => {}
+        }
+        if !["docent", "candle"].contains(&self.kernels.as_str()) {
+            return invalid(
+                "generation.kernels",
+                format!("must be docent or candle, got {:?}", self.kernels),
+            );
+        }
+        if !["auto", "avx512", "avx2", "scalar"].contains(&self.isa.as_str()) {
+            return invalid(
+                "generation.isa",
+                format!("must be auto, avx512, avx2 or scalar, got {:?}", self.isa),
+            );
+        }
+        if !["f32", "f16"].contains(&self.kv_cache.as_str()) {
+            return invalid(
+                "generation.kv_cache",
+                format!("must be f32 or f16, got {:?}", self.kv_cache),
+            );
+        }
+        if self.prefill_chunk_tokens != 0 && !(16..=65_536).contains(&self.prefill_chunk_tokens) {
+            return invalid(
+                "generation.prefill_chunk_tokens",
+                format!(
+                    "must be 0 (off) or between 16 and 65536, got {}",
+                    self.prefill_chunk_tokens
+                ),
+            );
+        }
+        if self.threads > 1024 {
+            return invalid(
+                "generation.threads",
+                format!("must be 0 (one per core) to 1024, got {}", self.threads),
+            );
+        }
+        if self.max_queue == 0 {
+            return invalid("generation.max_queue", "must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// Answer mode, temperature, top_p, penalties and token limits.
+    fn validate_sampling(&self) -> Result<(), ConfigError> {
+        if !matches!(
+            self.answer_mode,
+            crate::query::AnswerMode::Generative | crate::query::AnswerMode::Extractive
+        ) {
+            return invalid(
+                "generation.answer_mode",
+                format!(
+                    "must be generative or extractive, got {:?}",
+                    self.answer_mode
+                ),
+            );
+        }
+        if !(0.0..=2.0).contains(&self.temperature) {
+            return invalid(
+                "generation.temperature",
+                format!("must be in 0..=2, got {}", self.temperature),
+            );
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return invalid(
+                "generation.top_p",
+                format!("must be in (0, 1], got {}", self.top_p),
+            );
+        }
+        if !(0.5..=2.0).contains(&self.repetition_penalty) {
+            return invalid(
+                "generation.repetition_penalty",
+                format!("must be in 0.5..=2, got {}", self.repetition_penalty),
+            );
+        }
+        if !(0.0..=5.0).contains(&self.dry_multiplier) {
+            return invalid(
+                "generation.dry_multiplier",
+                format!("must be in 0..=5 (0 is off), got {}", self.dry_multiplier),
+            );
+        }
+        if self.max_tokens > self.max_tokens_limit {
+            return invalid(
+                "generation.max_tokens",
+                format!(
+                    "must not exceed generation.max_tokens_limit ({}), got {}",
+                    self.max_tokens_limit, self.max_tokens
+                ),
+            );
+        }
+        if self.max_tokens == 0 || self.max_num_seqs == 0 {
+            return invalid(
+                "generation.max_tokens",
+                "generation.max_tokens and generation.max_num_seqs must be at least 1".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The placed keys' scale and the memory bound, when passage reuse is on. (With a
+    /// draft model or without continuous batching reuse is off with a warning, not an
+    /// error: it is on by default; see `query::generate::passage_cache`.)
+    fn validate_passage_reuse(&self) -> Result<(), ConfigError> {
+        if self.passage_reuse == crate::query::generate::reuse::PassageReuse::Off {
+            return Ok(());
+        }
+        let scale = self.passage_key_scale;
+        if !(scale.is_finite() && scale > 0.0 && scale <= 4.0) {
+            return invalid(
+                "generation.passage_key_scale",
+                format!(
+                    "must be above 0 and at most 4 (1 leaves placed keys as they are), not {scale}"
+                ),
+            );
+        }
+        if self.passage_cache_mib == 0 {
+            return invalid(
+                "generation.passage_cache_mib",
+                "must be at least 1 with generation.passage_reuse on".to_string(),
+            );
+        }
+        Ok(())
+    }
+
+    /// In-place quantization, UQFF, the model names, prompt lookup and the draft model.
+    fn validate_models(&self) -> Result<(), ConfigError> {
+        use crate::query::generate::catalog;
+        if let Some(isq) = &self.isq {
+            if mistralrs::core::parse_isq_value(isq, None).is_err() {
+                return invalid(
+                    "generation.isq",
+                    format!("unknown quantization {isq:?}; use q4_0, q4_1, q5_0, q5_1, q8_0, q2k, q3k, q4k, q5k, q6k or q8k"),
+                );
+            }
+        }
+        if self.uqff.is_some() && self.isq.is_none() {
+            return invalid(
+                "generation.uqff",
+                "needs generation.isq (the quantization to write)".into(),
+            );
+        }
+        let models = [
+            ("generation.model", Some(&self.model)),
+            (
+                "generation.draft.model",
+                self.draft.as_ref().map(|d| &d.model),
+            ),
+        ];
+        for (field, model) in models {
+            let Some(model) = model else { continue };
+            let name = model.to_string_lossy();
+            if catalog::looks_like_name(model) && catalog::find(&name).is_none() {
+                let known: Vec<&str> = catalog::known().iter().map(|m| m.name.as_str()).collect();
+                return invalid(
+                    field,
+                    format!(
+                        "{name:?} is neither a known model ({}; `docent models` lists them) nor an existing file; give a name or the path of a GGUF file",
+                        known.join(", ")
+                    ),
+                );
+            }
+        }
+        let lookup_max = crate::query::generate::lookup::MAX_DRAFT_TOKENS;
+        if self.lookup_tokens > lookup_max {
+            return invalid(
+                "generation.lookup_tokens",
+                format!(
+                    "must be between 0 (off) and {lookup_max}, got {}",
+                    self.lookup_tokens
+                ),
+            );
+        }
+        if self.draft.is_some() && self.lookup_tokens > 0 {
+            return invalid(
+                "generation.lookup_tokens",
+                "prompt-lookup drafts and a draft model (generation.draft) are alternatives: set generation.lookup_tokens = 0 or remove generation.draft".into(),
+            );
+        }
+        if let Some(draft) = &self.draft {
+            if !(1..=16).contains(&draft.gamma) {
+                return invalid(
+                    "generation.draft.gamma",
+                    format!("must be between 1 and 16, got {}", draft.gamma),
+                );
+            }
+            if self.temperature != 0.0 {
+                return invalid(
+                    "generation.temperature",
+                    "speculative decoding (generation.draft) is greedy only in mistral.rs: set temperature = 0".into(),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The refusal threshold, and the question check's need of a refusal phrase.
+    fn validate_refusal(&self) -> Result<(), ConfigError> {
+        let t = self.refusal_threshold;
+        if !(t > 0.0 && t <= 1.0) {
+            return invalid(
+                "generation.refusal_threshold",
+                format!("is a probability above 0 and at most 1 (1: refuse only when the model writes the refusal phrase), got {t}"),
+            );
+        }
+        if self.refusal_check == crate::query::generate::RefusalCheck::Question
+            && self.refusal_phrase.trim().is_empty()
+        {
+            return invalid(
+                "generation.refusal",
+                "\"question\" asks the model whether the passages hold the answer, which is off when generation.refusal_phrase is empty; set a refusal phrase or use \"first_token\"".to_string(),
+            );
         }
         Ok(())
     }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use docent::cli::{Bench, BenchArgs, Cli, Command, KeysAction};
+use docent::cli::{self, Bench, BenchArgs, Cli, Command, KeysAction};
 use docent::config::Config;
 use docent::query::{QueryRequest, RetrievalOptions};
 use docent::server::{startup, telemetry};
@@ -74,6 +74,7 @@ fn main() -> ExitCode {
     }
 }
 
+/// Hands each command to its own function.
 async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
     if let Some(d) = cli.data_dir {
         config.data_dir = d;
@@ -81,18 +82,7 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
     match cli.command {
         // handled before the config loads
         Command::Keys { .. } | Command::Models { .. } => Ok(ExitCode::SUCCESS),
-        Command::Serve { bind } => {
-            if let Some(b) = bind {
-                config.server.bind = b;
-            }
-            let index = startup::open_index(&config).await?;
-            let engine = Arc::new(startup::query_engine(&config, index).await?);
-            let app = startup::Application::build(&config, engine)?;
-            tracing::info!(port = app.port(), data_dir = %config.data_dir.display(), "docent is listening");
-            println!("docent is listening on port {}", app.port());
-            app.run_until_stopped().await?;
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Serve { bind } => serve(config, bind).await,
         Command::Migrate {
             to,
             collection,
@@ -102,287 +92,15 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             migrate(&config, &to, collection, api_key, batch).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Ingest { paths } => {
-            let index = startup::open_index(&config).await?;
-            for v in index.store.recovered() {
-                println!(
-                    "rolled back {} (an earlier ingest was interrupted); ingesting it again if listed",
-                    v.source
-                );
-            }
-            let ingestor = startup::ingestor(&config, &index)?;
-            let bar = Bar::new();
-            let report = tokio::task::spawn_blocking(move || {
-                let r = ingestor.ingest_paths(&paths, &bar);
-                bar.finish();
-                r
-            })
-            .await??;
-            println!(
-                "ingested {} document(s) ({} chunks), {} unchanged, {} deduplicated (content already stored under another path), {} failed",
-                report.ingested.len(),
-                report.chunks_written(),
-                report.unchanged.len(),
-                report.deduplicated.len(),
-                report.failed.len()
-            );
-            for (_, error) in &report.failed {
-                println!("  failed: {error}");
-            }
-            if !report.skipped.is_empty() {
-                println!(
-                    "skipped {} file(s) of unsupported types (supported: {})",
-                    report.skipped.len(),
-                    docent_ingest::load::SUPPORTED_EXTENSIONS.join(", ")
-                );
-            }
-            Ok(if report.failed.is_empty() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(2)
-            })
-        }
-        Command::EvalInjection {
-            dataset,
-            heldout,
-            model,
-            text,
-            e2e,
-            limit,
-            defences,
-            dump,
-            model_check,
-            model_check_foreign,
-            no_embedding_head,
-            json,
-        } => {
-            if model_check.is_some() || model_check_foreign {
-                let band = model_check.unwrap_or(0.0);
-                let generator =
-                    docent::query::generate::Generator::load(&config.generation).await?;
-                let report = docent::tools::eval::safety::second_stage(
-                    &dataset,
-                    &heldout,
-                    &generator,
-                    band,
-                    model_check_foreign,
-                )
-                .await?;
-                return print_report(&report, json);
-            }
-            if let Some(path) = e2e {
-                use docent::tools::eval::injection_e2e as e2e;
-                let defences = defences
-                    .iter()
-                    .map(|d| {
-                        e2e::Defences::parse(d.trim()).ok_or_else(|| {
-                            anyhow::anyhow!(
-                                "--defences: no {d:?} ({})",
-                                e2e::Defences::ALL.map(e2e::Defences::key).join(", ")
-                            )
-                        })
-                    })
-                    .collect::<anyhow::Result<Vec<_>>>()?;
-                let cases = e2e::cases(&path, limit)?;
-                let report =
-                    tokio::task::spawn_blocking(move || e2e::run(&config, &cases, &defences))
-                        .await??;
-                if let Some(d) = dump {
-                    let mut out = String::new();
-                    for (row, outcomes) in report.rows.iter().zip(&report.outcomes) {
-                        for o in outcomes {
-                            let mut v = serde_json::to_value(o)?;
-                            v["defences"] = serde_json::json!(row.defences.key());
-                            out.push_str(&v.to_string());
-                            out.push('\n');
-                        }
-                    }
-                    std::fs::write(&d, out)
-                        .map_err(|e| anyhow::anyhow!("writing {}: {e}", d.display()))?;
-                }
-                return print_report(&report, json);
-            }
-            if !text.is_empty() {
-                let m = match &model {
-                    Some(p) => docent::tools::eval::safety::load_model(p)?,
-                    None => docent::query::safety::classifier::BUILTIN.clone(),
-                };
-                // the embedding head's verdict too, as the service reads a question
-                let vectors = if no_embedding_head {
-                    None
-                } else {
-                    let refs: Vec<&str> = text.iter().map(String::as_str).collect();
-                    Some(docent::server::startup::embedder(&config)?.embed_dense(&refs)?)
-                };
-                let head = &*docent::query::safety::dense::BUILTIN;
-                for (i, t) in text.iter().enumerate() {
-                    let (score, piece) = m.score_with_piece(t);
-                    let flagged = if score >= m.threshold {
-                        "flagged"
-                    } else {
-                        "clean"
-                    };
-                    println!(
-                        "{score:.4} {flagged} (threshold {:.3}): {piece}",
-                        m.threshold
-                    );
-                    if let Some(z) = vectors.as_ref().and_then(|v| head.logit(&v[i])) {
-                        let verdict = if z >= head.threshold {
-                            "flagged"
-                        } else {
-                            "clean"
-                        };
-                        println!(
-                            "  embedding head: {z:.3} {verdict} (threshold {:.3})",
-                            head.threshold
-                        );
-                    }
-                }
-                return Ok(ExitCode::SUCCESS);
-            }
-            let embedder = if no_embedding_head {
-                None
-            } else {
-                Some(docent::server::startup::embedder(&config)?)
-            };
-            let report = docent::tools::eval::safety::injection(
-                &dataset,
-                &heldout,
-                model.as_deref(),
-                embedder.as_ref(),
-            )?;
-            print_report(&report, json)
-        }
-        Command::TrainInjection {
-            data,
-            out,
-            epochs,
-            learning_rate,
-            l2,
-            max_false_positives,
-            balance_categories,
-            without_signals,
-            with_signals,
-            json,
-        } => {
-            use docent::query::safety::signals::{Signal, SHIPPED_SIGNALS};
-            let parse = |flag: &str, name: &str| {
-                Signal::parse(name).ok_or_else(|| {
-                    let names: Vec<&str> = Signal::ALL.iter().map(|s| s.name()).collect();
-                    anyhow::anyhow!("--{flag}: no signal {name:?} (one of {})", names.join(", "))
-                })
-            };
-            let mut signals = SHIPPED_SIGNALS;
-            for name in &without_signals {
-                signals &= !parse("without-signals", name)?.bit();
-            }
-            for name in &with_signals {
-                signals |= parse("with-signals", name)?.bit();
-            }
-            let settings = docent::tools::train_injection::Settings {
-                epochs,
-                learning_rate,
-                l2,
-                max_false_positives,
-                balance_categories,
-                signals,
-            };
-            let report = docent::tools::train_injection::run(&data, &out, settings)?;
-            print_report(&report, json)
-        }
-        Command::TrainRefusal(args) => train_refusal(&config, args).await,
-        Command::TrainCitations(a) => {
-            let settings = docent::tools::train_citations::Settings {
-                questions: a.questions,
-                encyclo: (!a.encyclo.as_os_str().is_empty()).then_some(a.encyclo),
-                examples: a.examples,
-                max_tokens: a.max_tokens,
-                extract: a.extract,
-                c: a.c,
-            };
-            let report = docent::tools::train_citations::run(&config, &settings).await?;
-            print_report(&report, a.json)
-        }
+        Command::Ingest { paths } => ingest(&config, paths).await,
+        Command::EvalInjection(a) => eval_injection(config, a).await,
+        Command::TrainInjection(a) => train_injection(a),
+        Command::TrainRefusal(a) => train_refusal(&config, a).await,
+        Command::TrainCitations(a) => train_citations(&config, a).await,
         Command::EvalPii { dataset, json } => {
-            let report = docent::tools::eval::safety::run(&dataset)?;
-            print_report(&report, json)
+            print_report(&docent::tools::eval::safety::run(&dataset)?, json)
         }
-        Command::Eval {
-            dataset,
-            modes,
-            limit,
-            model_dir,
-            answers,
-            answer_mode,
-            json,
-            dump,
-            answers_dump,
-            precompute,
-        } => {
-            let answer_mode = match answer_mode.as_str() {
-                "generative" => docent::query::AnswerMode::Generative,
-                "extractive" => docent::query::AnswerMode::Extractive,
-                other => anyhow::bail!("--answer-mode {other:?}: use generative or extractive"),
-            };
-            if let Some(d) = model_dir {
-                config.embedding.model_dir = d;
-            }
-            let modes = modes
-                .iter()
-                .map(|m| {
-                    SearchMode::ALL
-                        .into_iter()
-                        .find(|x| x.name() == m.trim())
-                        .ok_or_else(|| {
-                            anyhow::anyhow!("unknown mode {m:?}: use dense, sparse or hybrid")
-                        })
-                })
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            let data = docent::tools::eval::Dataset::load(&dataset)?;
-            let data = Arc::new(data);
-            let d = data.clone();
-            let evaluated = tokio::task::spawn_blocking(move || {
-                docent::tools::eval::run(&config, &d, &modes, limit, dump.as_deref())
-            })
-            .await??;
-            let mut report = evaluated.report;
-            anyhow::ensure!(
-                !precompute || answers.is_some_and(|n| n > 0),
-                "--precompute goes with --answers N (it computes the blocks the answers read)"
-            );
-            if let Some(n) = answers.filter(|&n| n > 0) {
-                // the configured answer path, attribution and guards included (the sweep
-                // re-attributes the answers it gave)
-                let mut config = evaluated.config.clone();
-                // the model's judgement is recorded and the configured threshold applied
-                // afterwards: one run gives every threshold (see eval::answers)
-                let mut threshold = config.generation.refusal_threshold;
-                let probe_threshold = config.generation.refusal_probe_threshold;
-                config.generation.refusal_threshold = 1.0;
-                config.generation.refusal_probe_threshold = Some(f32::INFINITY);
-                let engine =
-                    Arc::new(startup::query_engine(&config, evaluated.index.clone()).await?);
-                if precompute {
-                    precompute_for_eval(&config, &engine).await?;
-                }
-                // the probe decides at its own threshold (its file's unless configured)
-                if let Some((probe, _)) = engine.generator().probe() {
-                    threshold = probe_threshold.unwrap_or(probe.file.threshold);
-                }
-                report.answers = Some(
-                    docent::tools::eval::answers(
-                        &engine,
-                        &data,
-                        n,
-                        answer_mode,
-                        threshold,
-                        answers_dump.as_deref(),
-                    )
-                    .await?,
-                );
-            }
-            print_report(&report, json)
-        }
+        Command::Eval(a) => eval(config, a).await,
         Command::Bench(Bench::Ingest { corpus, common }) => {
             let (peer, json) = bench_setup(common, &mut config, "scripts/bench_ingest_peer.py")?;
             let result = tokio::task::spawn_blocking(move || {
@@ -391,226 +109,464 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
             .await??;
             print_report(&result, json)
         }
-        Command::Bench(Bench::Prefill {
-            dataset,
-            limit,
-            models,
-            tokens,
-            llama_server,
-            json,
-        }) => {
-            let opts = docent::tools::bench::prefill::Options {
-                limit,
-                models,
-                answer_tokens: tokens.max(1),
-                llama_server,
-            };
-            let report = docent::tools::bench::prefill::run(&config, &dataset, &opts).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                docent::tools::bench::prefill::print(&report);
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Bench(Bench::Load {
-            corpus,
-            clients,
-            seconds,
-            kill_after,
-            no_kill,
-            mix,
-            answer_cache,
-        }) => {
-            anyhow::ensure!(
-                clients > 0 && seconds > 0.0,
-                "--clients and --seconds must be positive"
-            );
-            anyhow::ensure!(
-                no_kill || (kill_after > 0.0 && kill_after < seconds),
-                "--kill-after must be within --seconds (or pass --no-kill)"
-            );
-            let ok = docent::tools::bench::load::run(
-                &config,
-                &docent::tools::bench::load::Options {
-                    docent: std::env::current_exe()?,
-                    corpus,
-                    clients,
-                    duration: std::time::Duration::from_secs_f64(seconds),
-                    kill_after: (!no_kill).then(|| std::time::Duration::from_secs_f64(kill_after)),
-                    mix,
-                    answer_cache,
-                },
-            )?;
-            Ok(if ok {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(2)
-            })
-        }
-        Command::Bench(Bench::Query {
-            corpus,
-            sizes,
-            clients,
-            seconds,
-            warmup,
-            top_k,
-            queries,
-            cache,
-            common,
-        }) => {
-            let (peer, json) = bench_setup(common, &mut config, "scripts/bench_query_peer.py")?;
-            let corpus = if corpus.is_empty() {
-                default_query_corpus()
-            } else {
-                corpus
-            };
-            anyhow::ensure!(
-                seconds > 0.0 && warmup >= 0.0,
-                "--seconds must be positive and --warmup not negative"
-            );
-            let opts = docent::tools::bench::query::Options {
-                docent: std::env::current_exe()?,
-                corpus,
-                sizes,
-                clients,
-                warmup: std::time::Duration::from_secs_f64(warmup),
-                duration: std::time::Duration::from_secs_f64(seconds),
-                top_k,
-                queries,
-                cache,
-                peer,
-                compare: 50,
-            };
-            let result = tokio::task::spawn_blocking(move || {
-                docent::tools::bench::query::run(&config, &opts)
-            })
-            .await??;
-            print_report(&result, json)
-        }
-        Command::Bench(Bench::Generate {
-            model,
-            dtype,
-            device,
-            prompt_tokens,
-            new_tokens,
-            repeat,
-            threads,
-            text,
-            speculative,
-            gamma,
-            lookup,
-            no_speculative,
-            safetensors,
-            isq,
-            no_load,
-            clients,
-            workloads,
-            schedules,
-            memory,
-            peer_python,
-            llama_server,
-            no_peer,
-            kernels,
-            isa,
-            prefill_chunk,
-            no_repack,
-            json,
-        }) => {
-            // candle computes on rayon's global pool: size it before anything uses it
-            if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-                std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
-            }
-            let smollm = |kind: &str| {
-                PathBuf::from(format!("models/smollm2/SmolLM2-135M-Instruct.{kind}.gguf"))
-            };
-            let models = if model.is_empty() {
-                ["F32", "F16", "Q8_0", "Q6_K", "Q4_K_M", "Q4_0", "Q4_1"]
-                    .iter()
-                    .map(|k| smollm(k))
-                    .filter(|p| p.is_file())
-                    .collect()
-            } else {
-                model
-            };
-            anyhow::ensure!(
-                !models.is_empty(),
-                "no model to measure: run `make setup` or pass --model"
-            );
-            let speculative = match speculative.as_slice() {
-                _ if no_speculative => None,
-                [t, d] => Some((t.clone(), d.clone(), gamma)),
-                _ => Some((smollm("F32"), smollm("Q4_1"), gamma))
-                    .filter(|(t, d, _)| t.is_file() && d.is_file()),
-            };
-            let peer = python_peer(
-                no_peer,
-                peer_python,
-                "scripts/bench_generate_peer.py",
-                "scripts/bench-generate-venv.sh (or `make bench-generate`)",
-            )?;
-            let opts = docent::tools::bench::generate::Options {
-                models,
-                device,
-                dtype,
-                prompt_tokens,
-                new_tokens,
-                repeat,
-                threads,
-                text,
-                speculative,
-                lookup,
-                load: (!no_load && safetensors.is_dir()).then_some((safetensors, isq)),
-                clients: clients.into_iter().filter(|&c| c > 0).collect(),
-                workloads,
-                schedules,
-                memory_queries: memory,
-                peer,
-                kernels,
-                isa,
-                prefill_chunk: prefill_chunk.unwrap_or(
-                    docent::config::Config::default()
-                        .generation
-                        .prefill_chunk_tokens,
-                ),
-                repack: !no_repack,
-                llama_server,
-            };
-            let result = docent::tools::bench::generate::run(&opts).await?;
-            print_report(&result, json)
-        }
+        Command::Bench(Bench::Prefill(a)) => bench_prefill(&config, a).await,
+        Command::Bench(Bench::Load(a)) => bench_load(&config, a),
+        Command::Bench(Bench::Query(a)) => bench_query(config, a).await,
+        Command::Bench(Bench::Generate(a)) => bench_generate(a).await,
         Command::Precompute { json } => precompute(&config, json).await,
         Command::Ask {
             question,
             json,
             top_k,
-        } => {
-            let index = startup::open_index(&config).await?;
-            let engine = Arc::new(startup::query_engine(&config, index).await?);
-            let response = engine
-                .answer(QueryRequest {
-                    question,
-                    retrieval: RetrievalOptions {
-                        top_k,
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                })
-                .await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&response)?);
-            } else {
-                println!("{}\n", response.answer);
-                for c in &response.citations {
-                    println!(
-                        "[{}] {} ({}, bytes {}..{})\n    \"{}\"",
-                        c.n, c.title, c.source, c.span.start, c.span.end, c.quote
-                    );
-                }
-            }
-            Ok(ExitCode::SUCCESS)
+        } => ask(&config, question, json, top_k).await,
+    }
+}
+
+/// `docent serve`: the index, the query engine and the HTTP service, until stopped.
+async fn serve(mut config: Config, bind: Option<String>) -> anyhow::Result<ExitCode> {
+    if let Some(b) = bind {
+        config.server.bind = b;
+    }
+    let index = startup::open_index(&config).await?;
+    let engine = Arc::new(startup::query_engine(&config, index).await?);
+    let app = startup::Application::build(&config, engine)?;
+    tracing::info!(port = app.port(), data_dir = %config.data_dir.display(), "docent is listening");
+    println!("docent is listening on port {}", app.port());
+    app.run_until_stopped().await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `docent ingest`: files and folders into the index, with a progress bar; exit code 2 when
+/// a document failed.
+async fn ingest(config: &Config, paths: Vec<PathBuf>) -> anyhow::Result<ExitCode> {
+    let index = startup::open_index(config).await?;
+    for v in index.store.recovered() {
+        println!(
+            "rolled back {} (an earlier ingest was interrupted); ingesting it again if listed",
+            v.source
+        );
+    }
+    let ingestor = startup::ingestor(config, &index)?;
+    let bar = Bar::new();
+    let report = tokio::task::spawn_blocking(move || {
+        let r = ingestor.ingest_paths(&paths, &bar);
+        bar.finish();
+        r
+    })
+    .await??;
+    println!(
+        "ingested {} document(s) ({} chunks), {} unchanged, {} deduplicated (content already stored under another path), {} failed",
+        report.ingested.len(),
+        report.chunks_written(),
+        report.unchanged.len(),
+        report.deduplicated.len(),
+        report.failed.len()
+    );
+    for (_, error) in &report.failed {
+        println!("  failed: {error}");
+    }
+    if !report.skipped.is_empty() {
+        println!(
+            "skipped {} file(s) of unsupported types (supported: {})",
+            report.skipped.len(),
+            docent_ingest::load::SUPPORTED_EXTENSIONS.join(", ")
+        );
+    }
+    Ok(if report.failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    })
+}
+
+/// `docent ask`: one question through the answer path, printed with its citations.
+async fn ask(
+    config: &Config,
+    question: String,
+    json: bool,
+    top_k: Option<usize>,
+) -> anyhow::Result<ExitCode> {
+    let index = startup::open_index(config).await?;
+    let engine = Arc::new(startup::query_engine(config, index).await?);
+    let response = engine
+        .answer(QueryRequest {
+            question,
+            retrieval: RetrievalOptions {
+                top_k,
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&response)?);
+    } else {
+        println!("{}\n", response.answer);
+        for c in &response.citations {
+            println!(
+                "[{}] {} ({}, bytes {}..{})\n    \"{}\"",
+                c.n, c.title, c.source, c.span.start, c.span.end, c.quote
+            );
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `docent eval-injection`: the second stage, the end-to-end run, single texts, or (by
+/// default) the detectors on the data set's test split and the held-out sets.
+async fn eval_injection(config: Config, a: cli::EvalInjection) -> anyhow::Result<ExitCode> {
+    if a.model_check.is_some() || a.model_check_foreign {
+        let generator = docent::query::generate::Generator::load(&config.generation).await?;
+        let report = docent::tools::eval::safety::second_stage(
+            &a.dataset,
+            &a.heldout,
+            &generator,
+            a.model_check.unwrap_or(0.0),
+            a.model_check_foreign,
+        )
+        .await?;
+        return print_report(&report, a.json);
+    }
+    if let Some(path) = &a.e2e {
+        return eval_injection_e2e(config, path, &a).await;
+    }
+    if !a.text.is_empty() {
+        return score_injection_texts(&config, &a);
+    }
+    let embedder = if a.no_embedding_head {
+        None
+    } else {
+        Some(startup::embedder(&config)?)
+    };
+    let report = docent::tools::eval::safety::injection(
+        &a.dataset,
+        &a.heldout,
+        a.model.as_deref(),
+        embedder.as_ref(),
+    )?;
+    print_report(&report, a.json)
+}
+
+/// `docent eval-injection --e2e`: planted instructions through the answer path, per set of
+/// defences; every answer written to `--dump` when given.
+async fn eval_injection_e2e(
+    config: Config,
+    path: &std::path::Path,
+    a: &cli::EvalInjection,
+) -> anyhow::Result<ExitCode> {
+    use docent::tools::eval::injection_e2e as e2e;
+    let defences = a
+        .defences
+        .iter()
+        .map(|d| {
+            e2e::Defences::parse(d.trim()).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--defences: no {d:?} ({})",
+                    e2e::Defences::ALL.map(e2e::Defences::key).join(", ")
+                )
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let cases = e2e::cases(path, a.limit)?;
+    let report =
+        tokio::task::spawn_blocking(move || e2e::run(&config, &cases, &defences)).await??;
+    if let Some(d) = &a.dump {
+        let mut out = String::new();
+        for (row, outcomes) in report.rows.iter().zip(&report.outcomes) {
+            for o in outcomes {
+                let mut v = serde_json::to_value(o)?;
+                v["defences"] = serde_json::json!(row.defences.key());
+                out.push_str(&v.to_string());
+                out.push('\n');
+            }
+        }
+        std::fs::write(d, out).map_err(|e| anyhow::anyhow!("writing {}: {e}", d.display()))?;
+    }
+    print_report(&report, a.json)
+}
+
+/// `docent eval-injection --text …`: each text's score, the piece that decided it, and the
+/// embedding head's verdict as the service reads a question.
+fn score_injection_texts(config: &Config, a: &cli::EvalInjection) -> anyhow::Result<ExitCode> {
+    let m = match &a.model {
+        Some(p) => docent::tools::eval::safety::load_model(p)?,
+        None => docent::query::safety::classifier::BUILTIN.clone(),
+    };
+    let vectors = if a.no_embedding_head {
+        None
+    } else {
+        let refs: Vec<&str> = a.text.iter().map(String::as_str).collect();
+        Some(startup::embedder(config)?.embed_dense(&refs)?)
+    };
+    let verdict = |flagged: bool| if flagged { "flagged" } else { "clean" };
+    let head = &*docent::query::safety::dense::BUILTIN;
+    for (i, t) in a.text.iter().enumerate() {
+        let (score, piece) = m.score_with_piece(t);
+        println!(
+            "{score:.4} {} (threshold {:.3}): {piece}",
+            verdict(score >= m.threshold),
+            m.threshold
+        );
+        if let Some(z) = vectors.as_ref().and_then(|v| head.logit(&v[i])) {
+            println!(
+                "  embedding head: {z:.3} {} (threshold {:.3})",
+                verdict(z >= head.threshold),
+                head.threshold
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `docent train-injection`: the signal groups chosen by name, then the training run.
+fn train_injection(a: cli::TrainInjection) -> anyhow::Result<ExitCode> {
+    use docent::query::safety::signals::{Signal, SHIPPED_SIGNALS};
+    let parse = |flag: &str, name: &str| {
+        Signal::parse(name).ok_or_else(|| {
+            let names: Vec<&str> = Signal::ALL.iter().map(|s| s.name()).collect();
+            anyhow::anyhow!("--{flag}: no signal {name:?} (one of {})", names.join(", "))
+        })
+    };
+    let mut signals = SHIPPED_SIGNALS;
+    for name in &a.without_signals {
+        signals &= !parse("without-signals", name)?.bit();
+    }
+    for name in &a.with_signals {
+        signals |= parse("with-signals", name)?.bit();
+    }
+    let settings = docent::tools::train_injection::Settings {
+        epochs: a.epochs,
+        learning_rate: a.learning_rate,
+        l2: a.l2,
+        max_false_positives: a.max_false_positives,
+        balance_categories: a.balance_categories,
+        signals,
+    };
+    let report = docent::tools::train_injection::run(&a.data, &a.out, settings)?;
+    print_report(&report, a.json)
+}
+
+/// `docent train-citations`: the flags as the tool's settings, then the run.
+async fn train_citations(config: &Config, a: cli::TrainCitations) -> anyhow::Result<ExitCode> {
+    let settings = docent::tools::train_citations::Settings {
+        questions: a.questions,
+        encyclo: (!a.encyclo.as_os_str().is_empty()).then_some(a.encyclo),
+        examples: a.examples,
+        max_tokens: a.max_tokens,
+        extract: a.extract,
+        c: a.c,
+    };
+    let report = docent::tools::train_citations::run(config, &settings).await?;
+    print_report(&report, a.json)
+}
+
+/// `docent eval`: retrieval per mode on a temporary index, then (with `--answers N`) the
+/// configured answer path over the first N questions.
+async fn eval(mut config: Config, a: cli::Eval) -> anyhow::Result<ExitCode> {
+    let answer_mode = match a.answer_mode.as_str() {
+        "generative" => docent::query::AnswerMode::Generative,
+        "extractive" => docent::query::AnswerMode::Extractive,
+        other => anyhow::bail!("--answer-mode {other:?}: use generative or extractive"),
+    };
+    anyhow::ensure!(
+        !a.precompute || a.answers.is_some_and(|n| n > 0),
+        "--precompute goes with --answers N (it computes the blocks the answers read)"
+    );
+    if let Some(d) = a.model_dir {
+        config.embedding.model_dir = d;
+    }
+    let modes = a
+        .modes
+        .iter()
+        .map(|m| {
+            SearchMode::ALL
+                .into_iter()
+                .find(|x| x.name() == m.trim())
+                .ok_or_else(|| anyhow::anyhow!("unknown mode {m:?}: use dense, sparse or hybrid"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let data = Arc::new(docent::tools::eval::Dataset::load(&a.dataset)?);
+    let d = data.clone();
+    let (limit, dump) = (a.limit, a.dump);
+    let evaluated = tokio::task::spawn_blocking(move || {
+        docent::tools::eval::run(&config, &d, &modes, limit, dump.as_deref())
+    })
+    .await??;
+    let mut report = evaluated.report;
+    if let Some(n) = a.answers.filter(|&n| n > 0) {
+        // the configured answer path, attribution and guards included (the sweep
+        // re-attributes the answers it gave)
+        let mut config = evaluated.config.clone();
+        // the model's judgement is recorded and the configured threshold applied
+        // afterwards: one run gives every threshold (see eval::answers)
+        let mut threshold = config.generation.refusal_threshold;
+        let probe_threshold = config.generation.refusal_probe_threshold;
+        config.generation.refusal_threshold = 1.0;
+        config.generation.refusal_probe_threshold = Some(f32::INFINITY);
+        let engine = Arc::new(startup::query_engine(&config, evaluated.index.clone()).await?);
+        if a.precompute {
+            precompute_for_eval(&config, &engine).await?;
+        }
+        // the probe decides at its own threshold (its file's unless configured)
+        if let Some((probe, _)) = engine.generator().probe() {
+            threshold = probe_threshold.unwrap_or(probe.file.threshold);
+        }
+        report.answers = Some(
+            docent::tools::eval::answers(
+                &engine,
+                &data,
+                n,
+                answer_mode,
+                threshold,
+                a.answers_dump.as_deref(),
+            )
+            .await?,
+        );
+    }
+    print_report(&report, a.json)
+}
+
+/// `docent bench prefill`: first shown text with passage reuse beside full prefill (and
+/// llama-server when given).
+async fn bench_prefill(config: &Config, a: cli::BenchPrefill) -> anyhow::Result<ExitCode> {
+    let opts = docent::tools::bench::prefill::Options {
+        limit: a.limit,
+        models: a.models,
+        answer_tokens: a.tokens.max(1),
+        llama_server: a.llama_server,
+    };
+    let report = docent::tools::bench::prefill::run(config, &a.dataset, &opts).await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        docent::tools::bench::prefill::print(&report);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `docent bench load`: the real server under a mixed load, then killed and restarted;
+/// exit code 2 when a check failed.
+fn bench_load(config: &Config, a: cli::BenchLoad) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        a.clients > 0 && a.seconds > 0.0,
+        "--clients and --seconds must be positive"
+    );
+    anyhow::ensure!(
+        a.no_kill || (a.kill_after > 0.0 && a.kill_after < a.seconds),
+        "--kill-after must be within --seconds (or pass --no-kill)"
+    );
+    let ok = docent::tools::bench::load::run(
+        config,
+        &docent::tools::bench::load::Options {
+            docent: std::env::current_exe()?,
+            corpus: a.corpus,
+            clients: a.clients,
+            duration: std::time::Duration::from_secs_f64(a.seconds),
+            kill_after: (!a.no_kill).then(|| std::time::Duration::from_secs_f64(a.kill_after)),
+            mix: a.mix,
+            answer_cache: a.answer_cache,
+        },
+    )?;
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    })
+}
+
+/// `docent bench query`: searches over HTTP at several sizes and client counts, beside the
+/// Python peer.
+async fn bench_query(mut config: Config, a: cli::BenchQuery) -> anyhow::Result<ExitCode> {
+    let (peer, json) = bench_setup(a.common, &mut config, "scripts/bench_query_peer.py")?;
+    anyhow::ensure!(
+        a.seconds > 0.0 && a.warmup >= 0.0,
+        "--seconds must be positive and --warmup not negative"
+    );
+    let corpus = if a.corpus.is_empty() {
+        default_query_corpus()
+    } else {
+        a.corpus
+    };
+    let opts = docent::tools::bench::query::Options {
+        docent: std::env::current_exe()?,
+        corpus,
+        sizes: a.sizes,
+        clients: a.clients,
+        warmup: std::time::Duration::from_secs_f64(a.warmup),
+        duration: std::time::Duration::from_secs_f64(a.seconds),
+        top_k: a.top_k,
+        queries: a.queries,
+        cache: a.cache,
+        peer,
+        compare: 50,
+    };
+    let result =
+        tokio::task::spawn_blocking(move || docent::tools::bench::query::run(&config, &opts))
+            .await??;
+    print_report(&result, json)
+}
+
+/// `docent bench generate`: the models (default: SmolLM2's GGUF files), the speculative
+/// pair and the llama.cpp peer chosen from the flags, then the run.
+async fn bench_generate(a: cli::BenchGenerate) -> anyhow::Result<ExitCode> {
+    // candle computes on rayon's global pool: size it before anything uses it
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        std::env::set_var("RAYON_NUM_THREADS", a.threads.to_string());
+    }
+    let smollm =
+        |kind: &str| PathBuf::from(format!("models/smollm2/SmolLM2-135M-Instruct.{kind}.gguf"));
+    let models: Vec<PathBuf> = if a.model.is_empty() {
+        ["F32", "F16", "Q8_0", "Q6_K", "Q4_K_M", "Q4_0", "Q4_1"]
+            .iter()
+            .map(|k| smollm(k))
+            .filter(|p| p.is_file())
+            .collect()
+    } else {
+        a.model
+    };
+    anyhow::ensure!(
+        !models.is_empty(),
+        "no model to measure: run `make setup` or pass --model"
+    );
+    let speculative = match a.speculative.as_slice() {
+        _ if a.no_speculative => None,
+        [t, d] => Some((t.clone(), d.clone(), a.gamma)),
+        _ => Some((smollm("F32"), smollm("Q4_1"), a.gamma))
+            .filter(|(t, d, _)| t.is_file() && d.is_file()),
+    };
+    let peer = python_peer(
+        a.no_peer,
+        a.peer_python,
+        "scripts/bench_generate_peer.py",
+        "scripts/bench-generate-venv.sh (or `make bench-generate`)",
+    )?;
+    let opts = docent::tools::bench::generate::Options {
+        models,
+        device: a.device,
+        dtype: a.dtype,
+        prompt_tokens: a.prompt_tokens,
+        new_tokens: a.new_tokens,
+        repeat: a.repeat,
+        threads: a.threads,
+        text: a.text,
+        speculative,
+        lookup: a.lookup,
+        load: (!a.no_load && a.safetensors.is_dir()).then_some((a.safetensors, a.isq)),
+        clients: a.clients.into_iter().filter(|&c| c > 0).collect(),
+        workloads: a.workloads,
+        schedules: a.schedules,
+        memory_queries: a.memory,
+        peer,
+        kernels: a.kernels,
+        isa: a.isa,
+        prefill_chunk: a
+            .prefill_chunk
+            .unwrap_or(Config::default().generation.prefill_chunk_tokens),
+        repack: !a.no_repack,
+        llama_server: a.llama_server,
+    };
+    let result = docent::tools::bench::generate::run(&opts).await?;
+    print_report(&result, a.json)
 }
 
 /// Applies a benchmark's `--model-dir`; returns the Python peer running `script` (unless
@@ -704,8 +660,6 @@ fn default_query_corpus() -> Vec<PathBuf> {
     corpus
 }
 
-/// The ingest progress bar (hidden when stderr is not a terminal): bytes of input, files,
-/// chunks, chunks per second and the estimated time left.
 /// `docent migrate`: the configured store copied to `to`, with a progress bar.
 async fn migrate(
     config: &Config,
@@ -789,6 +743,8 @@ impl docent_ingest::store::migrate::Progress for MigrateBar {
     }
 }
 
+/// The ingest progress bar (hidden when stderr is not a terminal): bytes of input, files,
+/// chunks, chunks per second and the estimated time left.
 struct Bar {
     bar: ProgressBar,
     files: std::sync::atomic::AtomicUsize,
@@ -856,7 +812,7 @@ impl Progress for Bar {
 }
 
 /// `docent train-refusal`: the flags as the tool's settings, then the run.
-async fn train_refusal(config: &Config, a: docent::cli::TrainRefusal) -> anyhow::Result<ExitCode> {
+async fn train_refusal(config: &Config, a: cli::TrainRefusal) -> anyhow::Result<ExitCode> {
     use docent::tools::train_refusal::{Method, Settings};
     let model = config.generation.model.display().to_string();
     let stem = model.rsplit('/').next().unwrap_or(&model).to_string();

@@ -6,8 +6,8 @@
 
 use arbitrary::Arbitrary;
 use docent_fuzz::query::safety::{
-    find_pii, injection_score, neutralise, redact, Filter, PiiAction, PiiKind, PiiRules,
-    SafetyConfig, SafetyReport, NEUTRALISED,
+    find_pii, injection_score, neutralise, redact, PiiAction, PiiKind, PiiRules, SafetyConfig,
+    SafetyFilter, SafetyReport, NEUTRALISED,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -60,7 +60,7 @@ fuzz_target!(|input: Input| {
         assert!(clean.contains(NEUTRALISED));
     }
 
-    let filter = Filter::new(SafetyConfig::default()).expect("default config is valid");
+    let filter = SafetyFilter::new(SafetyConfig::default()).expect("default config is valid");
     let mut report = SafetyReport::default();
     filter.question(text, &mut report);
     filter.chunk(text, &mut report);

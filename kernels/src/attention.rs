@@ -1818,25 +1818,7 @@ fn reference<E: Elem>(args: &AttentionArgs<'_, E>) -> Option<Vec<f32>> {
 mod tests {
     use super::*;
 
-    /// splitmix64.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-        /// Uniform in [-1, 1).
-        fn f32(&mut self) -> f32 {
-            (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-    }
+    use crate::quant::testutil::Rng;
 
     #[derive(Debug, Clone, Copy, PartialEq)]
     enum Mask {
@@ -2152,7 +2134,7 @@ mod tests {
                 let c = Case {
                     pad: rng.below(3),
                     layouts: [Layout::Bshd, Layout::Bhsd, Layout::Bshd],
-                    seed: rng.next(),
+                    seed: rng.next_u64(),
                     ..Case::new(1 + rng.below(2), q_len, kv_len, heads, d)
                 };
                 check_f16(&c);

@@ -1,7 +1,9 @@
-//! One answer orchestration for JSON and streamed answers: admission, retrieval, refusal,
-//! cache and prompt ([`QueryEngine::prepare`]), then the model's tokens through the
-//! post-processor and the guards into events ([`QueryEngine::drive`]); a JSON answer is
-//! the same events collected.
+//! One answer orchestration for JSON and streamed answers, as stages. Before the model
+//! ([`QueryEngine::prepare`]): check the question → answer cache → admission → retrieval
+//! and relevance → injection screening → support → prompt fitting → guards; each stage may
+//! end the answer early. Then ([`QueryEngine::drive`]) the model's tokens through the
+//! post-processor and the guards into events, and the fallback (withheld, extractive,
+//! refusal) when nothing usable is left; a JSON answer is the same events collected.
 //!
 //! The answer is released a unit (sentence or line) at a time, each unit checked before it
 //! is shown: the degeneration guards (loops, echoes, repeated injections), the deny
@@ -132,7 +134,11 @@ impl QueryEngine {
         }
     }
 
-    /// Retrieval, refusal, cache and prompt: everything before the model runs.
+    /// Everything before the model runs, as stages in order: check the question's words,
+    /// look up the answer cache, admit into the queue, retrieve (with the embedding head's
+    /// check and the relevance refusal), screen the chunks for injections, refuse by
+    /// content, fit the prompt, and set up the guards. Each stage may end the answer early
+    /// (withheld, cached, busy, refused).
     async fn prepare(&self, q: ValidQuery, started: Instant) -> Result<Prepared, QueryError> {
         let mut safety = SafetyReport::default();
         // the question's words first (no embedding needed to block them)
@@ -140,7 +146,60 @@ impl QueryEngine {
             let response = self.withheld(safety, Usage::default());
             return Ok(Prepared::ready(response, None));
         }
-        // greedy answers are a function of the request and the index: reuse them
+        let (cache_key, version) = match self.cached(&q).await? {
+            Flow::Continue(c) => c,
+            Flow::Break(done) => return Ok(done),
+        };
+        let slot = self.admit(&q)?;
+        let retrieved = match self.retrieve_relevant(&q, &mut safety).await? {
+            Flow::Continue(r) => r,
+            Flow::Break(done) => return Ok(done),
+        };
+        let retrieval_ms = retrieved.retrieval_ms;
+        let mut screened = self.screen(retrieved, &mut safety).await?;
+        if screened.hits.is_empty() {
+            let response = self.refuse(&q, safety, retrieval_ms, RefusalReason::NoSafeContext)?;
+            return Ok(Prepared::ready(response, None));
+        }
+        // refusal by content: no retrieved sentence answers the question well enough
+        if self.limits.min_support > 0.0 {
+            let best = self
+                .extractive_answer(&q.search.question, &screened.hits)
+                .await?
+                .map_or(0.0, |(_, score)| score);
+            if best < self.limits.min_support {
+                let search = screened.search(q.search.mode, retrieval_ms);
+                let response = self.refuse(&q, safety, retrieval_ms, RefusalReason::Content)?;
+                return Ok(Prepared::ready(response, Some(search)));
+            }
+        }
+        let fitted = self.fit(&q, &mut screened)?;
+        let (guard, markup) = self.guards(&q, fitted.prompt.as_ref(), &screened);
+        Ok(Prepared::Answer(Box::new(Pending {
+            markup,
+            search: screened.search(q.search.mode, retrieval_ms),
+            hits: screened.hits,
+            prompt: fitted.prompt,
+            prompt_tokens: fitted.prompt_tokens,
+            guard,
+            context_chunks_dropped: fitted.context_chunks_dropped,
+            history_turns_dropped: fitted.history_turns_dropped,
+            q,
+            started,
+            cache_key,
+            version,
+            safety,
+            slot,
+        })))
+    }
+
+    /// The answer cache: greedy answers are a function of the request and the index, so a
+    /// stored one is replayed. Continues with the cache key (for storing this answer) and
+    /// the index revision it is valid for.
+    async fn cached(
+        &self,
+        q: &ValidQuery,
+    ) -> Result<Flow<Prepared, (Option<String>, u64)>, QueryError> {
         let cache_key = (q.params.temperature <= 0.0 || q.mode == AnswerMode::Extractive)
             .then(|| format!("{:?}", (&q.search, &q.params, &q.history, q.mode)));
         let version = self
@@ -149,45 +208,57 @@ impl QueryEngine {
             .revision()
             .await
             .map_err(docent_ingest::Error::from)?;
-        let cached = cache_key
-            .as_deref()
-            .and_then(|k| self.cache.get(k, version));
-        if cache_key.is_some() {
-            let result = if cached.is_some() { "hit" } else { "miss" };
-            metrics().cache.with_label_values(&[result]).inc();
-        }
-        if let Some((hit, search)) = cached {
-            let response = QueryResponse {
-                cached: true,
-                // token counts describe the answer; the times are this request's
-                usage: Usage {
-                    retrieval_ms: 0.0,
-                    generation_ms: 0.0,
-                    ..hit.usage
-                },
-                ..hit
-            };
-            return Ok(Prepared::ready(response, search));
-        }
-
-        // admission before any work: beyond max_queue answers in flight, say when to come
-        // back (held until the answer is done; dropped with a refusal). Extractive answers
-        // do not use the model and are not queued.
-        let slot = match q.mode {
-            AnswerMode::Extractive => None,
-            _ => Some(self.slots.clone().try_acquire_owned().map_err(|_| {
-                let avg = self
-                    .generation_ms
-                    .load(std::sync::atomic::Ordering::Relaxed);
-                QueryError::Busy {
-                    queued: self.max_queue,
-                    retry_after_s: avg.div_ceil(1000).max(1),
-                }
-            })?),
+        let Some(key) = cache_key.as_deref() else {
+            return Ok(Flow::Continue((None, version)));
         };
-        let mode = q.search.mode;
-        // then its meaning, when the embedding head reads it: the question is embedded here
-        // and retrieval uses the same vector (a cached answer passed this check already)
+        let cached = self.cache.get(key, version);
+        let result = if cached.is_some() { "hit" } else { "miss" };
+        metrics().cache.with_label_values(&[result]).inc();
+        Ok(match cached {
+            Some((hit, search)) => {
+                let response = QueryResponse {
+                    cached: true,
+                    // token counts describe the answer; the times are this request's
+                    usage: Usage {
+                        retrieval_ms: 0.0,
+                        generation_ms: 0.0,
+                        ..hit.usage
+                    },
+                    ..hit
+                };
+                Flow::Break(Prepared::ready(response, search))
+            }
+            None => Flow::Continue((cache_key, version)),
+        })
+    }
+
+    /// Admission before any work: beyond `max_queue` answers in flight, say when to come
+    /// back (the place is held until the answer is done; dropped with a refusal).
+    /// Extractive answers do not use the model and are not queued.
+    fn admit(&self, q: &ValidQuery) -> Result<Option<OwnedSemaphorePermit>, QueryError> {
+        if q.mode == AnswerMode::Extractive {
+            return Ok(None);
+        }
+        let slot = self.slots.clone().try_acquire_owned().map_err(|_| {
+            let avg = self
+                .generation_ms
+                .load(std::sync::atomic::Ordering::Relaxed);
+            QueryError::Busy {
+                queued: self.max_queue,
+                retry_after_s: avg.div_ceil(1000).max(1),
+            }
+        })?;
+        Ok(Some(slot))
+    }
+
+    /// The question's meaning checked when the embedding head reads it (the question is
+    /// embedded once, and retrieval uses the same vector), then retrieval; ends with a
+    /// refusal when nothing retrieved is relevant enough.
+    async fn retrieve_relevant(
+        &self,
+        q: &ValidQuery,
+        safety: &mut SafetyReport,
+    ) -> Result<Flow<Prepared, RetrievedHits>, QueryError> {
         let embedded_at = Instant::now();
         let embedded = if self.safety.config.embedding_check {
             Some(self.index.embed_query(&q.search.question).await?)
@@ -195,9 +266,9 @@ impl QueryEngine {
             None
         };
         if let Some(e) = &embedded {
-            if self.safety.question_vector(&e.dense, &mut safety) {
-                let response = self.withheld(safety, Usage::default());
-                return Ok(Prepared::ready(response, None));
+            if self.safety.question_vector(&e.dense, safety) {
+                let response = self.withheld(std::mem::take(safety), Usage::default());
+                return Ok(Flow::Break(Prepared::ready(response, None)));
             }
         }
         let (retrieved, scores) = self
@@ -212,35 +283,41 @@ impl QueryEngine {
             q.search.term_weight,
         )
         .is_some_and(|s| s >= q.search.min_score);
-        let retrieval_ms = retrieved.elapsed_ms;
-        let search_of =
-            |hits: &[Hit], scores: Vec<crate::query::retrieve::Scores>| SearchResponse {
-                mode,
-                hits: hits
-                    .iter()
-                    .zip(scores)
-                    .map(|(h, scores)| search_hit(h, scores))
-                    .collect(),
-                retrieval_ms,
-            };
-        if retrieved.hits.is_empty() || !relevant {
-            let search = search_of(&retrieved.hits, scores);
-            let response = self.refuse(&q, safety, retrieval_ms, RefusalReason::Retrieval)?;
-            return Ok(Prepared::ready(response, Some(search)));
+        let found = RetrievedHits {
+            hits: retrieved.hits,
+            scores,
+            retrieval_ms: retrieved.elapsed_ms,
+        };
+        if found.hits.is_empty() || !relevant {
+            let search =
+                search_response(q.search.mode, found.retrieval_ms, &found.hits, found.scores);
+            let reason = RefusalReason::Retrieval;
+            let response = self.refuse(q, std::mem::take(safety), found.retrieval_ms, reason)?;
+            return Ok(Flow::Break(Prepared::ready(response, Some(search))));
         }
+        Ok(Flow::Continue(found))
+    }
 
-        // chunks that address the model: the instructions taken out (or the chunk dropped,
-        // or fenced as quoted data, as configured)
-        let mut hits = Vec::with_capacity(retrieved.hits.len());
-        let mut hit_scores = Vec::with_capacity(retrieved.hits.len());
-        let mut texts = Vec::with_capacity(retrieved.hits.len());
-        let mut injected = Vec::new();
-        for (mut h, sc) in retrieved.hits.into_iter().zip(scores) {
+    /// Chunks that address the model: the instructions taken out (or the chunk dropped, or
+    /// fenced as quoted data, as configured); an unsure one is asked of the model (the
+    /// second stage).
+    async fn screen(
+        &self,
+        retrieved: RetrievedHits,
+        safety: &mut SafetyReport,
+    ) -> Result<Screened, QueryError> {
+        let n = retrieved.hits.len();
+        let mut out = Screened {
+            hits: Vec::with_capacity(n),
+            scores: Vec::with_capacity(n),
+            texts: Vec::with_capacity(n),
+            injected: Vec::new(),
+        };
+        for (mut h, sc) in retrieved.hits.into_iter().zip(retrieved.scores) {
             let verdict = match self.safety.suspicion(&h.payload.text) {
                 Suspicion::Clean => ChunkVerdict::Clean,
-                Suspicion::Flagged => self.safety.flagged_chunk(&h.payload.text, &mut safety),
+                Suspicion::Flagged => self.safety.flagged_chunk(&h.payload.text, safety),
                 Suspicion::Unsure(piece) => {
-                    // the second stage: the model is asked about the piece that scored
                     let yes = self
                         .generator
                         .yes_probability(MODEL_CHECK_SYSTEM, &model_check_prompt(&piece))
@@ -248,7 +325,7 @@ impl QueryEngine {
                     safety.model_checked += 1;
                     if yes >= self.safety.config.model_check_yes {
                         safety.reason("prompt_injection:model_check");
-                        self.safety.flagged_chunk(&h.payload.text, &mut safety)
+                        self.safety.flagged_chunk(&h.payload.text, safety)
                     } else {
                         ChunkVerdict::Clean
                     }
@@ -259,112 +336,102 @@ impl QueryEngine {
                 ChunkVerdict::Clean => h.payload.text.clone(),
                 ChunkVerdict::Quote => self.prompts.quoted(&h.payload.text)?,
                 ChunkVerdict::Neutralised { text, spans } => {
-                    injected.extend(spans);
+                    out.injected.extend(spans);
                     // quotes and the retrieval event show the chunk without them too
                     h.payload.text = text;
                     self.prompts.quoted(&h.payload.text)?
                 }
             };
-            texts.push(text);
-            hits.push(h);
-            hit_scores.push(sc);
+            out.texts.push(text);
+            out.hits.push(h);
+            out.scores.push(sc);
         }
-        if hits.is_empty() {
-            let response = self.refuse(&q, safety, retrieval_ms, RefusalReason::NoSafeContext)?;
-            return Ok(Prepared::ready(response, None));
-        }
-        // refusal by content: no retrieved sentence answers the question well enough
-        if self.limits.min_support > 0.0 {
-            let best = self
-                .extractive_answer(&q.search.question, &hits)
-                .await?
-                .map_or(0.0, |(_, score)| score);
-            if best < self.limits.min_support {
-                let search = search_of(&hits, hit_scores);
-                let response = self.refuse(&q, safety, retrieval_ms, RefusalReason::Content)?;
-                return Ok(Prepared::ready(response, Some(search)));
-            }
-        }
-        let (prompt, fitted_blocks, history_dropped) = match q.mode {
-            AnswerMode::Extractive => (None, hits.len(), 0),
-            _ => {
-                let blocks: Vec<ContextBlock<'_>> = hits
-                    .iter()
-                    .zip(&texts)
-                    .enumerate()
-                    .map(|(i, (h, text))| ContextBlock {
-                        n: i + 1,
-                        title: &h.payload.title,
-                        source: &h.payload.source,
-                        text,
-                    })
-                    .collect();
-                let budget = Budget {
-                    context_tokens: self.generator.context_tokens(),
-                    max_tokens: q.params.max_tokens,
-                };
-                let prompt_started = Instant::now();
-                let fitted = self.prompts.render_within(
-                    &q.search.question,
-                    &blocks,
-                    &q.history,
-                    budget,
-                    self.generator.tokens(),
-                )?;
-                metrics().stage("prompt", prompt_started.elapsed().as_secs_f64());
-                (
-                    Some((fitted.prompt, fitted.prompt_tokens)),
-                    fitted.blocks,
-                    fitted.history_dropped,
-                )
-            }
+        Ok(out)
+    }
+
+    /// The prompt within the model's context (an extractive answer has none); the chunks
+    /// that did not fit are dropped from `screened`.
+    fn fit(&self, q: &ValidQuery, screened: &mut Screened) -> Result<Fitted, QueryError> {
+        let mut fitted = Fitted {
+            prompt: None,
+            prompt_tokens: 0,
+            context_chunks_dropped: 0,
+            history_turns_dropped: 0,
         };
-        let context_chunks_dropped = hits.len() - fitted_blocks;
-        hits.truncate(fitted_blocks);
-        hit_scores.truncate(fitted_blocks);
-        texts.truncate(fitted_blocks);
-        let (prompt, prompt_tokens) = match prompt {
-            Some((p, t)) => (Some(p), t),
-            None => (None, 0),
+        if q.mode == AnswerMode::Extractive {
+            return Ok(fitted);
+        }
+        let blocks: Vec<ContextBlock<'_>> = screened
+            .hits
+            .iter()
+            .zip(&screened.texts)
+            .enumerate()
+            .map(|(i, (h, text))| ContextBlock {
+                n: i + 1,
+                title: &h.payload.title,
+                source: &h.payload.source,
+                text,
+            })
+            .collect();
+        let budget = Budget {
+            context_tokens: self.generator.context_tokens(),
+            max_tokens: q.params.max_tokens,
         };
-        // what the model must not say back: the prompt without the context and question
-        let guard = match &prompt {
+        let prompt_started = Instant::now();
+        let rendered = self.prompts.render_within(
+            &q.search.question,
+            &blocks,
+            &q.history,
+            budget,
+            self.generator.tokens(),
+        )?;
+        metrics().stage("prompt", prompt_started.elapsed().as_secs_f64());
+        fitted.context_chunks_dropped = blocks.len() - rendered.blocks;
+        fitted.history_turns_dropped = rendered.history_dropped;
+        fitted.prompt = Some(rendered.prompt);
+        fitted.prompt_tokens = rendered.prompt_tokens;
+        let kept = rendered.blocks;
+        screened.hits.truncate(kept);
+        screened.scores.truncate(kept);
+        screened.texts.truncate(kept);
+        Ok(fitted)
+    }
+
+    /// What the model must not say back (the prompt without the context and question) and
+    /// the markup it may copy from the prompt but must not show.
+    fn guards(
+        &self,
+        q: &ValidQuery,
+        prompt: Option<&Prompt>,
+        screened: &Screened,
+    ) -> (Guard, Vec<String>) {
+        let question = q.search.question.as_str();
+        let guard = match prompt {
             Some(prompt) => {
                 let mut user = prompt.user.clone();
-                for t in &texts {
+                for t in &screened.texts {
                     user = user.replace(t.as_str(), " ");
                 }
-                let user = user.replace(q.search.question.as_str(), " ");
+                let user = user.replace(question, " ");
                 Guard::new(
                     &[prompt.system.as_str(), user.as_str()],
-                    &q.search.question,
-                    &injected,
+                    question,
+                    &screened.injected,
                 )
             }
-            None => Guard::new(&[], &q.search.question, &injected),
+            None => Guard::new(&[], question, &screened.injected),
         }
-        .with_context(&texts.iter().map(String::as_str).collect::<Vec<_>>());
-
-        // what the model may copy from the prompt but must not show
-        let mut markup = prompt.as_ref().map(Prompt::markup).unwrap_or_default();
+        .with_context(
+            &screened
+                .texts
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        );
+        let mut markup = prompt.map(Prompt::markup).unwrap_or_default();
         markup.extend_from_slice(self.prompts.quote_markup());
         markup.push(crate::query::safety::NEUTRALISED.to_string());
-        Ok(Prepared::Answer(Box::new(Pending {
-            markup,
-            search: search_of(&hits, hit_scores),
-            hits,
-            prompt,
-            prompt_tokens,
-            guard,
-            context_chunks_dropped,
-            history_turns_dropped: history_dropped,
-            q,
-            started,
-            cache_key,
-            version,
-            safety,
-            slot,
-        })))
+        (guard, markup)
     }
 
     /// Runs an answer to its `done` event: the model's tokens (when there is a model) through
@@ -384,140 +451,23 @@ impl QueryEngine {
             return;
         }
         let mut out = Released::default();
-        // time spent checking and releasing the model's text (interleaved with generation)
-        let mut post_time = std::time::Duration::ZERO;
         let generation_started = Instant::now();
-        let mut generation: Option<Generation> = None;
-        let mut deltas = 0usize;
-        if let Some(mut stream) = stream {
-            // a pre-question's judgement is there before the answer starts
-            out.judgement = stream.judgement();
-            if out.judgement.is_some_and(|j| j.refuse) {
-                out.refused_by_model = true;
-            }
-            let mut post = AnswerStream::new(&p.q.params.stop);
-            let mut units = Units::default();
-            let mut ended = out.refused_by_model;
-            while !ended {
-                let next = tokio::select! {
-                    _ = tx.closed() => return,
-                    next = stream.next() => next,
-                };
-                let ready = match next {
-                    None => break,
-                    Some(Err(e)) => {
-                        let _ = tx.send(QueryEvent::Error(e.into())).await;
-                        return;
-                    }
-                    Some(Ok(StreamEvent::Done(g))) => {
-                        generation = Some(g);
-                        break;
-                    }
-                    Some(Ok(StreamEvent::Delta(text))) => {
-                        deltas += 1;
-                        if deltas == 1 {
-                            // the answer's first step: its own signal is read there
-                            let judgement = stream.judgement();
-                            out.judgement = judgement;
-                            if out.text.is_empty() && judgement.is_some_and(|j| j.refuse) {
-                                // the model judges that the context does not answer the
-                                // question: nothing is shown, the generation stops here
-                                out.refused_by_model = true;
-                                break;
-                            }
-                        }
-                        let step = post.push(&text, &p.hits);
-                        let mut ready = units.push(&step.text);
-                        if let Some(cut) = guard::periodic_tail(units.pending()) {
-                            // the same piece over and over: keep its first copy, stop
-                            units.truncate_pending(cut);
-                            ready.extend(units.finish());
-                            out.degenerate("loop");
-                            ended = true;
-                        } else if step.stopped {
-                            ready.extend(units.push(&post.finish_text(&p.hits)));
-                            ready.extend(units.finish());
-                            ended = true;
-                        }
-                        ready
-                    }
-                };
-                let released_at = Instant::now();
-                let released = self.release_all(&mut p, ready, &mut out, &tx).await;
-                post_time += released_at.elapsed();
-                match released {
-                    Ok(true) if !ended => {}
-                    Ok(_) => {
-                        ended = true;
-                        break;
-                    }
-                    Err(e) => {
-                        let _ = tx.send(QueryEvent::Error(e)).await;
-                        return;
-                    }
-                }
-            }
-            if !ended {
-                // the model finished: what the post-processor still held back
-                let released_at = Instant::now();
-                let mut ready = units.push(&post.finish_text(&p.hits));
-                ready.extend(units.finish());
-                let released = self.release_all(&mut p, ready, &mut out, &tx).await;
-                post_time += released_at.elapsed();
-                if let Err(e) = released {
-                    let _ = tx.send(QueryEvent::Error(e)).await;
-                    return;
-                }
-            }
-            // a generation stopped early is cancelled here
-            drop(stream);
-        }
+        let streamed = match stream {
+            Some(stream) => match self.stream_model(&mut p, stream, &mut out, &tx).await {
+                Some(s) => s,
+                None => return,
+            },
+            None => Streamed::default(),
+        };
         let generation_ms = generation_started.elapsed().as_secs_f64() * 1e3;
         let fallback_started = Instant::now();
-
-        let mut mode = p.q.mode;
-        let mut refusal = None;
-        if out.refused_by_model {
-            refusal = Some(RefusalReason::Model);
-        } else if out.text.trim().is_empty() {
-            if out.withheld {
-                mode = AnswerMode::Withheld;
-                out.send_text(WITHHELD, &tx).await;
-            } else {
-                if p.prompt.is_some() {
-                    out.degenerate("empty");
-                }
-                mode = AnswerMode::Extractive;
-                match self.extract(&p).await {
-                    Ok(Some(text)) => {
-                        // the chunks' own sentences: personal data redacted like any answer
-                        let text = self.safety.redact(&text, &mut p.safety);
-                        let (text, citations) = postprocess::cite(&text, &p.hits);
-                        let citations = self.redact_quotes(citations, &mut p.safety);
-                        out.send(text, citations, &tx).await;
-                    }
-                    Ok(None) => refusal = Some(RefusalReason::NoAnswer),
-                    Err(e) => {
-                        let _ = tx.send(QueryEvent::Error(e)).await;
-                        return;
-                    }
-                }
-            }
-        }
-        if let Some(reason) = refusal {
-            mode = AnswerMode::Refusal;
-            match self.prompts.refusal(&p.q.search.question, reason.as_str()) {
-                Ok(text) => out.send_text(&text, &tx).await,
-                Err(e) => {
-                    let _ = tx.send(QueryEvent::Error(e.into())).await;
-                    return;
-                }
-            }
-        }
-        let (prompt_tokens, completion_tokens) = match &generation {
+        let Some((mode, refusal)) = self.fallback(&mut p, &mut out, &tx).await else {
+            return;
+        };
+        let (prompt_tokens, completion_tokens) = match &streamed.generation {
             Some(g) => (g.prompt_tokens, g.completion_tokens),
             // stopped early, or no model: the counted prompt and the tokens received
-            None => (p.prompt_tokens, deltas),
+            None => (p.prompt_tokens, streamed.deltas),
         };
         let response = self.finish(
             &p,
@@ -528,10 +478,8 @@ impl QueryEngine {
             generation_ms,
         );
         let m = metrics();
-        m.stage(
-            "postprocess",
-            (post_time + fallback_started.elapsed()).as_secs_f64(),
-        );
+        let post_time = streamed.post_time + fallback_started.elapsed();
+        m.stage("postprocess", post_time.as_secs_f64());
         if p.prompt.is_some() {
             m.stage("generate", generation_ms / 1e3);
             m.tokens.inc_by(completion_tokens as u64);
@@ -543,6 +491,150 @@ impl QueryEngine {
             }
         }
         let _ = tx.send(QueryEvent::Done(Box::new(response))).await;
+    }
+
+    /// The model's tokens through the post-processor, cut into units (sentences, lines)
+    /// that are checked and released in order; the refusal judgement read at the first
+    /// step. `None` when the answer ends here (the client went away, or an error was
+    /// sent); a generation stopped early is cancelled when `stream` drops.
+    async fn stream_model(
+        &self,
+        p: &mut Pending,
+        mut stream: GenerationStream,
+        out: &mut Released,
+        tx: &mpsc::Sender<QueryEvent>,
+    ) -> Option<Streamed> {
+        let mut streamed = Streamed::default();
+        // a pre-question's judgement is there before the answer starts
+        out.judgement = stream.judgement();
+        if out.judgement.is_some_and(|j| j.refuse) {
+            out.refused_by_model = true;
+        }
+        let mut post = AnswerStream::new(&p.q.params.stop);
+        let mut units = Units::default();
+        let mut ended = out.refused_by_model;
+        while !ended {
+            let next = tokio::select! {
+                _ = tx.closed() => return None,
+                next = stream.next() => next,
+            };
+            let ready = match next {
+                None => break,
+                Some(Err(e)) => {
+                    let _ = tx.send(QueryEvent::Error(e.into())).await;
+                    return None;
+                }
+                Some(Ok(StreamEvent::Done(g))) => {
+                    streamed.generation = Some(g);
+                    break;
+                }
+                Some(Ok(StreamEvent::Delta(text))) => {
+                    streamed.deltas += 1;
+                    if streamed.deltas == 1 {
+                        // the answer's first step: its own signal is read there
+                        let judgement = stream.judgement();
+                        out.judgement = judgement;
+                        if out.text.is_empty() && judgement.is_some_and(|j| j.refuse) {
+                            // the model judges that the context does not answer the
+                            // question: nothing is shown, the generation stops here
+                            out.refused_by_model = true;
+                            break;
+                        }
+                    }
+                    let step = post.push(&text, &p.hits);
+                    let mut ready = units.push(&step.text);
+                    if let Some(cut) = guard::periodic_tail(units.pending()) {
+                        // the same piece over and over: keep its first copy, stop
+                        units.truncate_pending(cut);
+                        ready.extend(units.finish());
+                        out.degenerate("loop");
+                        ended = true;
+                    } else if step.stopped {
+                        ready.extend(units.push(&post.finish_text(&p.hits)));
+                        ready.extend(units.finish());
+                        ended = true;
+                    }
+                    ready
+                }
+            };
+            let released_at = Instant::now();
+            let released = self.release_all(p, ready, out, tx).await;
+            streamed.post_time += released_at.elapsed();
+            match released {
+                Ok(true) if !ended => {}
+                Ok(_) => {
+                    ended = true;
+                    break;
+                }
+                Err(e) => {
+                    let _ = tx.send(QueryEvent::Error(e)).await;
+                    return None;
+                }
+            }
+        }
+        if !ended {
+            // the model finished: what the post-processor still held back
+            let released_at = Instant::now();
+            let mut ready = units.push(&post.finish_text(&p.hits));
+            ready.extend(units.finish());
+            let released = self.release_all(p, ready, out, tx).await;
+            streamed.post_time += released_at.elapsed();
+            if let Err(e) = released {
+                let _ = tx.send(QueryEvent::Error(e)).await;
+                return None;
+            }
+        }
+        Some(streamed)
+    }
+
+    /// When the model refused or left nothing usable: the withheld notice, the extractive
+    /// answer, or the refusal text. Returns the answer's mode and refusal reason; `None`
+    /// when the answer ends here (an error was sent).
+    async fn fallback(
+        &self,
+        p: &mut Pending,
+        out: &mut Released,
+        tx: &mpsc::Sender<QueryEvent>,
+    ) -> Option<(AnswerMode, Option<RefusalReason>)> {
+        let mut mode = p.q.mode;
+        let mut refusal = None;
+        if out.refused_by_model {
+            refusal = Some(RefusalReason::Model);
+        } else if out.text.trim().is_empty() {
+            if out.withheld {
+                out.send_text(WITHHELD, tx).await;
+                return Some((AnswerMode::Withheld, None));
+            }
+            if p.prompt.is_some() {
+                out.degenerate("empty");
+            }
+            mode = AnswerMode::Extractive;
+            match self.extract(p).await {
+                Ok(Some(text)) => {
+                    // the chunks' own sentences: personal data redacted like any answer
+                    let text = self.safety.redact(&text, &mut p.safety);
+                    let (text, citations) = postprocess::cite(&text, &p.hits);
+                    let citations = self.redact_quotes(citations, &mut p.safety);
+                    out.send(text, citations, tx).await;
+                }
+                Ok(None) => refusal = Some(RefusalReason::NoAnswer),
+                Err(e) => {
+                    let _ = tx.send(QueryEvent::Error(e)).await;
+                    return None;
+                }
+            }
+        }
+        if let Some(reason) = refusal {
+            match self.prompts.refusal(&p.q.search.question, reason.as_str()) {
+                Ok(text) => out.send_text(&text, tx).await,
+                Err(e) => {
+                    let _ = tx.send(QueryEvent::Error(e.into())).await;
+                    return None;
+                }
+            }
+            return Some((AnswerMode::Refusal, refusal));
+        }
+        Some((mode, None))
     }
 
     /// Checks and shows units in order; false when the answer must end here.
@@ -927,6 +1019,76 @@ struct Ready {
     response: QueryResponse,
     /// The retrieval, when there was one.
     search: Option<SearchResponse>,
+}
+
+/// A stage's outcome: go on with its result, or end the answer with this one.
+type Flow<Done, Next> = std::ops::ControlFlow<Done, Next>;
+
+/// What the model's stream gave: its summary (when it ran to the end), the steps received
+/// and the time spent checking and releasing units.
+#[derive(Default)]
+struct Streamed {
+    generation: Option<Generation>,
+    deltas: usize,
+    post_time: std::time::Duration,
+}
+
+/// What retrieval found, before the screening.
+struct RetrievedHits {
+    hits: Vec<Hit>,
+    scores: Vec<crate::query::retrieve::Scores>,
+    retrieval_ms: f64,
+}
+
+/// The chunks that passed the screening, with their scores, the text each gives the prompt
+/// (quoted or with the instructions taken out) and the instructions found.
+struct Screened {
+    hits: Vec<Hit>,
+    scores: Vec<crate::query::retrieve::Scores>,
+    texts: Vec<String>,
+    injected: Vec<String>,
+}
+
+impl Screened {
+    /// The chunks as the `retrieval` event shows them (the scores are moved out).
+    fn search(
+        &mut self,
+        mode: docent_ingest::store::SearchMode,
+        retrieval_ms: f64,
+    ) -> SearchResponse {
+        search_response(
+            mode,
+            retrieval_ms,
+            &self.hits,
+            std::mem::take(&mut self.scores),
+        )
+    }
+}
+
+/// The prompt as fitted into the model's context.
+struct Fitted {
+    prompt: Option<Prompt>,
+    prompt_tokens: usize,
+    context_chunks_dropped: usize,
+    history_turns_dropped: usize,
+}
+
+/// The `retrieval` event's body for these hits and scores.
+fn search_response(
+    mode: docent_ingest::store::SearchMode,
+    retrieval_ms: f64,
+    hits: &[Hit],
+    scores: Vec<crate::query::retrieve::Scores>,
+) -> SearchResponse {
+    SearchResponse {
+        mode,
+        hits: hits
+            .iter()
+            .zip(scores)
+            .map(|(h, scores)| search_hit(h, scores))
+            .collect(),
+        retrieval_ms,
+    }
 }
 
 /// An answer about to be made.

@@ -29,7 +29,7 @@ use crate::query::generate::{GenerateError, Generator, SharedGenerator};
 use crate::query::prompt::{PromptError, Prompts};
 use crate::query::response::search_hit;
 use crate::query::retrieve::{Index, Retrieved, Scores};
-use crate::query::safety::{Filter, SafetyReport};
+use crate::query::safety::{SafetyFilter, SafetyReport};
 
 pub use crate::query::postprocess::stop::DEFAULT_STOPS;
 pub use crate::query::request::{
@@ -71,7 +71,7 @@ pub struct QueryEngine {
     /// Moving average of generation time (ms), for `Retry-After`.
     generation_ms: std::sync::atomic::AtomicU64,
     cache: AnswerCache,
-    safety: Filter,
+    safety: SafetyFilter,
     /// Every safety decision by reason, and answers checked.
     safety_counts: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
 }
@@ -84,7 +84,7 @@ impl QueryEngine {
         limits: Limits,
         max_queue: usize,
         cache_size: usize,
-        safety: Filter,
+        safety: SafetyFilter,
     ) -> Self {
         QueryEngine {
             index,

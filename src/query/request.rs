@@ -279,30 +279,58 @@ impl SearchRequest {
 }
 
 impl QueryRequest {
+    /// The request checked against the server's limits, with the defaults filled in.
     pub fn validate(self, limits: &Limits) -> Result<ValidQuery, QueryError> {
-        let invalid = |field, message: String| Err(QueryError::Invalid { field, message });
         let search = SearchRequest {
             question: self.question,
             retrieval: self.retrieval,
         }
         .validate(limits)?;
-        if self.history.len() > MAX_HISTORY {
-            return invalid(
-                "history",
-                format!("at most {MAX_HISTORY} turns, got {}", self.history.len()),
-            );
+        validate_history(&self.history)?;
+        let params = self.generation.validate(limits)?;
+        let mode = self.mode.unwrap_or(limits.default_answer_mode);
+        if !matches!(mode, AnswerMode::Generative | AnswerMode::Extractive) {
+            return Err(QueryError::Invalid {
+                field: "mode",
+                message: format!("must be \"generative\" or \"extractive\", got {mode:?}"),
+            });
         }
-        if let Some(i) = self
-            .history
-            .iter()
-            .position(|t| t.content.trim().is_empty())
-        {
-            return invalid("history", format!("turn {i} has no content"));
-        }
-        let max_tokens = self
-            .generation
-            .max_tokens
-            .unwrap_or(limits.default_max_tokens);
+        Ok(ValidQuery {
+            search,
+            mode,
+            params,
+            history: self.history,
+            stream: self.stream,
+        })
+    }
+}
+
+/// At most [`MAX_HISTORY`] turns, none empty.
+fn validate_history(history: &[Turn]) -> Result<(), QueryError> {
+    let invalid = |message: String| {
+        Err(QueryError::Invalid {
+            field: "history",
+            message,
+        })
+    };
+    if history.len() > MAX_HISTORY {
+        return invalid(format!(
+            "at most {MAX_HISTORY} turns, got {}",
+            history.len()
+        ));
+    }
+    if let Some(i) = history.iter().position(|t| t.content.trim().is_empty()) {
+        return invalid(format!("turn {i} has no content"));
+    }
+    Ok(())
+}
+
+impl GenerationOptions {
+    /// The sampling parameters, the stop sequences and the drafts, each checked against
+    /// the server's limits (the configured defaults where the request says nothing).
+    fn validate(&self, limits: &Limits) -> Result<Params, QueryError> {
+        let invalid = |field, message: String| Err(QueryError::Invalid { field, message });
+        let max_tokens = self.max_tokens.unwrap_or(limits.default_max_tokens);
         if max_tokens == 0 || max_tokens > limits.max_tokens {
             return invalid(
                 "generation.max_tokens",
@@ -312,31 +340,15 @@ impl QueryRequest {
                 ),
             );
         }
-        let temperature = self
-            .generation
-            .temperature
-            .unwrap_or(limits.default_temperature);
+        let temperature = self.temperature.unwrap_or(limits.default_temperature);
         if !(0.0..=2.0).contains(&temperature) {
             return invalid(
                 "generation.temperature",
                 format!("must be between 0 and 2, got {temperature}"),
             );
         }
-        if self.generation.draft_model == Some(true) && !limits.draft_model {
-            return invalid(
-                "generation.draft_model",
-                "this server has no draft model (generation.draft in its config): send false or leave it out".into(),
-            );
-        }
-        let draft_model = limits.draft_model && self.generation.draft_model.unwrap_or(true);
-        if temperature > 0.0 && draft_model {
-            return invalid(
-                "generation.temperature",
-                format!("this server decodes speculatively (generation.draft), which mistral.rs does greedily only; send temperature 0, or draft_model false, got {temperature}"),
-            );
-        }
+        let draft_model = self.draft_choice(limits, temperature)?;
         let repetition_penalty = self
-            .generation
             .repetition_penalty
             .unwrap_or(limits.default_repetition_penalty);
         if !(0.5..=2.0).contains(&repetition_penalty) {
@@ -345,88 +357,108 @@ impl QueryRequest {
                 format!("must be between 0.5 and 2, got {repetition_penalty}"),
             );
         }
-        let g = &self.generation;
-        let dry_multiplier = g.dry_multiplier.unwrap_or(limits.default_dry_multiplier);
+        let dry_multiplier = self.dry_multiplier.unwrap_or(limits.default_dry_multiplier);
         if !(0.0..=5.0).contains(&dry_multiplier) {
             return invalid(
                 "generation.dry_multiplier",
                 format!("must be between 0 and 5 (0 is off), got {dry_multiplier}"),
             );
         }
-        let top_p = g.top_p.unwrap_or(limits.default_top_p);
+        let top_p = self.top_p.unwrap_or(limits.default_top_p);
         if !(top_p > 0.0 && top_p <= 1.0) {
             return invalid(
                 "generation.top_p",
                 format!("must be in (0, 1], got {top_p}"),
             );
         }
-        let top_k = g.top_k.unwrap_or(limits.default_top_k_tokens);
-        if g.seed.is_some() {
+        if self.seed.is_some() {
             return invalid(
                 "generation.seed",
                 "per-request seeds are not supported: the engine (mistral.rs 0.8.1) seeds one random generator shared by all requests; use temperature 0 for reproducible answers".into(),
             );
         }
-        if g.stop.len() > MAX_STOPS {
-            return invalid(
-                "generation.stop",
-                format!("at most {MAX_STOPS} sequences, got {}", g.stop.len()),
-            );
+        Ok(Params {
+            max_tokens,
+            temperature,
+            top_p,
+            top_k: self.top_k.unwrap_or(limits.default_top_k_tokens),
+            repetition_penalty,
+            dry_multiplier,
+            dry_allowed_length: limits.dry_allowed_length,
+            stop: self.stops()?,
+            lookup_tokens: self.lookup_choice(limits, draft_model)?,
+            draft_model,
+        })
+    }
+
+    /// Whether the server's draft model decodes this answer (by default when it has one;
+    /// greedy only).
+    fn draft_choice(&self, limits: &Limits, temperature: f64) -> Result<bool, QueryError> {
+        if self.draft_model == Some(true) && !limits.draft_model {
+            return Err(QueryError::Invalid {
+                field: "generation.draft_model",
+                message: "this server has no draft model (generation.draft in its config): send false or leave it out".into(),
+            });
         }
-        if let Some(bad) = g
+        let draft_model = limits.draft_model && self.draft_model.unwrap_or(true);
+        if temperature > 0.0 && draft_model {
+            return Err(QueryError::Invalid {
+                field: "generation.temperature",
+                message: format!("this server decodes speculatively (generation.draft), which mistral.rs does greedily only; send temperature 0, or draft_model false, got {temperature}"),
+            });
+        }
+        Ok(draft_model)
+    }
+
+    /// The default stop sequences and the request's own (at most [`MAX_STOPS`], each 1 to
+    /// [`MAX_STOP_BYTES`] bytes).
+    fn stops(&self) -> Result<Vec<String>, QueryError> {
+        let invalid = |message: String| {
+            Err(QueryError::Invalid {
+                field: "generation.stop",
+                message,
+            })
+        };
+        if self.stop.len() > MAX_STOPS {
+            return invalid(format!(
+                "at most {MAX_STOPS} sequences, got {}",
+                self.stop.len()
+            ));
+        }
+        if let Some(bad) = self
             .stop
             .iter()
             .find(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
         {
-            return invalid(
-                "generation.stop",
-                format!("each sequence must be 1 to {MAX_STOP_BYTES} bytes long, got {bad:?}"),
-            );
-        }
-        let lookup_tokens = g.lookup_tokens.unwrap_or(limits.default_lookup_tokens);
-        let lookup_max = crate::query::generate::lookup::MAX_DRAFT_TOKENS;
-        if lookup_tokens > lookup_max {
-            return invalid(
-                "generation.lookup_tokens",
-                format!("must be between 0 (off) and {lookup_max}, got {lookup_tokens}"),
-            );
-        }
-        if lookup_tokens > 0 && draft_model {
-            return invalid(
-                "generation.lookup_tokens",
-                "this server drafts with a draft model (generation.draft); prompt-lookup drafts are its alternative, not an addition: send 0, or draft_model false".into(),
-            );
+            return invalid(format!(
+                "each sequence must be 1 to {MAX_STOP_BYTES} bytes long, got {bad:?}"
+            ));
         }
         let mut stop: Vec<String> = DEFAULT_STOPS.iter().map(|s| s.to_string()).collect();
-        for s in &g.stop {
+        for s in &self.stop {
             if !stop.contains(s) {
                 stop.push(s.clone());
             }
         }
-        let mode = self.mode.unwrap_or(limits.default_answer_mode);
-        if !matches!(mode, AnswerMode::Generative | AnswerMode::Extractive) {
-            return invalid(
-                "mode",
-                format!("must be \"generative\" or \"extractive\", got {mode:?}"),
-            );
+        Ok(stop)
+    }
+
+    /// Prompt-lookup draft length: within the engine's bound, and not with a draft model.
+    fn lookup_choice(&self, limits: &Limits, draft_model: bool) -> Result<usize, QueryError> {
+        let lookup_tokens = self.lookup_tokens.unwrap_or(limits.default_lookup_tokens);
+        let lookup_max = crate::query::generate::lookup::MAX_DRAFT_TOKENS;
+        if lookup_tokens > lookup_max {
+            return Err(QueryError::Invalid {
+                field: "generation.lookup_tokens",
+                message: format!("must be between 0 (off) and {lookup_max}, got {lookup_tokens}"),
+            });
         }
-        Ok(ValidQuery {
-            search,
-            mode,
-            params: Params {
-                max_tokens,
-                temperature,
-                top_p,
-                top_k,
-                repetition_penalty,
-                dry_multiplier,
-                dry_allowed_length: limits.dry_allowed_length,
-                stop,
-                lookup_tokens,
-                draft_model,
-            },
-            history: self.history,
-            stream: self.stream,
-        })
+        if lookup_tokens > 0 && draft_model {
+            return Err(QueryError::Invalid {
+                field: "generation.lookup_tokens",
+                message: "this server drafts with a draft model (generation.draft); prompt-lookup drafts are its alternative, not an addition: send 0, or draft_model false".into(),
+            });
+        }
+        Ok(lookup_tokens)
     }
 }

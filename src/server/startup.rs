@@ -146,7 +146,8 @@ pub fn query_engine_with(
         config.limits(),
         config.generation.max_queue,
         config.generation.cache_size,
-        crate::query::safety::Filter::new(safety).map_err(|e| anyhow::anyhow!("safety: {e}"))?,
+        crate::query::safety::SafetyFilter::new(safety)
+            .map_err(|e| anyhow::anyhow!("safety: {e}"))?,
     ))
 }
 

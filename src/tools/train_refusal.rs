@@ -594,19 +594,8 @@ pub fn fit_probe(
     })?;
     let dev = dev_scores(&p, settings.layer);
     let dev_auroc = probe::auroc(&dev);
-    // the lowest threshold whose false refusals on dev stay within the bound
-    let mut answer_scores: Vec<f64> = dev.iter().filter(|d| !d.1).map(|d| d.0).collect();
-    answer_scores.sort_by(|a, b| b.total_cmp(a));
-    let allowed = (settings.max_false_refusals * answer_scores.len() as f64).floor() as usize;
-    let above = answer_scores.get(allowed).copied().unwrap_or(0.0);
-    let threshold = (((above + 1e-9) * 1e4).ceil() / 1e4).min(1.0) as f32;
-    let rate = |t: f32, refuse: bool| {
-        let n = dev.iter().filter(|d| d.1 == refuse).count().max(1);
-        dev.iter()
-            .filter(|d| d.1 == refuse && d.0 >= t as f64)
-            .count() as f64
-            / n as f64
-    };
+    let threshold = lowest_threshold(&dev, settings.max_false_refusals);
+    let rate = |t: f32, refuse: bool| refused_share(&dev, t, refuse);
     let curve = crate::tools::eval::REFUSAL_THRESHOLDS
         .iter()
         .map(|&t| (t, rate(t, true), rate(t, false)))
@@ -649,6 +638,25 @@ pub fn fit_probe(
         overhead_ms: None,
     };
     Ok((p.file, report))
+}
+
+/// The lowest threshold (to 4 decimals) whose false refusals on `dev` (score, should
+/// refuse) stay within `max_false_refusals`.
+fn lowest_threshold(dev: &[(f64, bool)], max_false_refusals: f64) -> f32 {
+    let mut answer_scores: Vec<f64> = dev.iter().filter(|d| !d.1).map(|d| d.0).collect();
+    answer_scores.sort_by(|a, b| b.total_cmp(a));
+    let allowed = (max_false_refusals * answer_scores.len() as f64).floor() as usize;
+    let above = answer_scores.get(allowed).copied().unwrap_or(0.0);
+    (((above + 1e-9) * 1e4).ceil() / 1e4).min(1.0) as f32
+}
+
+/// The share of `dev`'s examples of one class (should refuse or not) refused at `t`.
+fn refused_share(dev: &[(f64, bool)], t: f32, refuse: bool) -> f64 {
+    let n = dev.iter().filter(|d| d.1 == refuse).count().max(1);
+    dev.iter()
+        .filter(|d| d.1 == refuse && d.0 >= t as f64)
+        .count() as f64
+        / n as f64
 }
 
 /// The probe file's text as written (pretty JSON and a newline).

@@ -178,13 +178,8 @@ async fn property_the_final_answer_is_the_streamed_text() {
         .split_whitespace()
         .map(str::to_string)
         .collect();
-    let mut seed: u64 = 0x2545_F491_4F6C_DD1D;
-    let mut next = move |n: usize| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        (seed % n.max(1) as u64) as usize
-    };
+    let mut rng = fastrand::Rng::with_seed(0x2545_F491_4F6C_DD1D);
+    let mut next = move |n: usize| rng.usize(..n.max(1));
     for round in 0..10 {
         let mut stops: Vec<String> = Vec::new();
         for _ in 0..next(3) {

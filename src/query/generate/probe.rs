@@ -568,13 +568,8 @@ mod tests {
 
     /// Uniform values in [-0.5, 0.5) from a fixed seed.
     fn uniform(seed: u64) -> impl FnMut() -> f32 {
-        let mut rng = seed;
-        move || {
-            rng = rng
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((rng >> 33) as f64 / (1u64 << 31) as f64 - 0.5) as f32
-        }
+        let mut rng = fastrand::Rng::with_seed(seed);
+        move || rng.f32() - 0.5
     }
 
     /// Fits on the first half of `states` and gives the AUROC of the second half's scores.

@@ -820,29 +820,16 @@ mod tests {
         assert_eq!(truncate_at_stop("plain", &stops), "plain");
     }
 
-    /// A small deterministic generator for the property tests (no extra dependency).
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-        /// `text` cut into up to `max_cuts + 1` pieces on char boundaries.
-        fn pieces<'t>(&mut self, text: &'t str, max_cuts: usize) -> Vec<&'t str> {
-            let bounds: Vec<usize> = text.char_indices().map(|(i, _)| i).collect();
-            let mut cuts: Vec<usize> = (0..self.below(max_cuts))
-                .filter_map(|_| bounds.get(self.below(bounds.len().max(1))).copied())
-                .collect();
-            cuts.extend([0, text.len()]);
-            cuts.sort_unstable();
-            cuts.dedup();
-            cuts.windows(2).map(|w| &text[w[0]..w[1]]).collect()
-        }
+    /// `text` cut into up to `max_cuts + 1` pieces on char boundaries.
+    fn pieces<'t>(rng: &mut fastrand::Rng, text: &'t str, max_cuts: usize) -> Vec<&'t str> {
+        let bounds: Vec<usize> = text.char_indices().map(|(i, _)| i).collect();
+        let mut cuts: Vec<usize> = (0..rng.usize(..max_cuts))
+            .filter_map(|_| bounds.get(rng.usize(..bounds.len().max(1))).copied())
+            .collect();
+        cuts.extend([0, text.len()]);
+        cuts.sort_unstable();
+        cuts.dedup();
+        cuts.windows(2).map(|w| &text[w[0]..w[1]]).collect()
     }
 
     /// Streams `text` in the given pieces; returns the concatenated deltas and the final answer.
@@ -949,12 +936,12 @@ mod tests {
             " [ 2 ]",
             "–",
         ];
-        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let mut rng = fastrand::Rng::with_seed(0x9E37_79B9_7F4A_7C15);
         for _ in 0..3000 {
-            let text: String = (0..rng.below(24))
-                .map(|_| atoms[rng.below(atoms.len())])
+            let text: String = (0..rng.usize(..24))
+                .map(|_| atoms[rng.usize(..atoms.len())])
                 .collect();
-            let pieces = rng.pieces(&text, 8);
+            let pieces = pieces(&mut rng, &text, 8);
             let (out, answer, ns) = stream(&pieces, &stops, &blocks);
             let (expected, citations) = cite(truncate_at_stop(&text, &stops), &blocks);
             assert_eq!(out, expected, "text {text:?} pieces {pieces:?}");

@@ -381,24 +381,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
     let mut report = GenerateBench {
         device: describe_device(&opts.device),
         threads: opts.threads,
-        kernels: if opts.kernels == "docent" {
-            format!(
-                "docent ({}{})",
-                docent_kernels::cpu::isa().name(),
-                match (
-                    opts.repack,
-                    docent_kernels::q5_0_x8::preferred(docent_kernels::cpu::isa()),
-                    docent_kernels::q4k_x8::has_kernel(docent_kernels::cpu::isa())
-                ) {
-                    (true, true, _) => ", Q5_0, Q4_K and Q6_K interleaved",
-                    (true, false, true) => ", Q5_0 as Q8_0, Q4_K and Q6_K interleaved",
-                    (true, false, false) => ", Q5_0 as Q8_0",
-                    (false, _, _) => "",
-                }
-            )
-        } else {
-            opts.kernels.clone()
-        },
+        kernels: kernels_label(opts),
         cpu: cpu_model(),
         dtype: opts.dtype.clone(),
         models: Vec::new(),
@@ -411,9 +394,58 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
         memory: Vec::new(),
         peer: None,
     };
+    let first_outputs = models(opts, &text, &scratch, &mut report).await?;
+    if let Some((target, draft, gamma)) = &opts.speculative {
+        speculative(opts, &text, (target, draft, *gamma), &mut report).await?;
+    }
+    if let Some((dir, isq)) = &opts.load {
+        load_times(opts, &scratch, (dir, isq), &mut report).await?;
+    }
+    if opts.device == "cpu" {
+        kv_f16(opts, &text, &first_outputs, &mut report).await?;
+    }
+    if let (Some(model), false) = (opts.models.first(), opts.clients.is_empty()) {
+        concurrent(opts, &text, model, &mut report).await?;
+        stalls(opts, &text, model, &mut report).await?;
+    }
+    if let (Some(model), true) = (opts.models.first(), opts.memory_queries > 10) {
+        memory(opts, &text, model, &mut report).await?;
+    }
+    Ok(report)
+}
 
-    // each model file, then the safetensors export quantized in situ (its speed shows what
-    // ISQ gives on this CPU)
+/// The kernels row of the report: docent's with the instruction set and the repacked
+/// formats, or candle's.
+fn kernels_label(opts: &Options) -> String {
+    if opts.kernels == "docent" {
+        format!(
+            "docent ({}{})",
+            docent_kernels::cpu::isa().name(),
+            match (
+                opts.repack,
+                docent_kernels::q5_0_x8::preferred(docent_kernels::cpu::isa()),
+                docent_kernels::q4k_x8::has_kernel(docent_kernels::cpu::isa())
+            ) {
+                (true, true, _) => ", Q5_0, Q4_K and Q6_K interleaved",
+                (true, false, true) => ", Q5_0 as Q8_0, Q4_K and Q6_K interleaved",
+                (true, false, false) => ", Q5_0 as Q8_0",
+                (false, _, _) => "",
+            }
+        )
+    } else {
+        opts.kernels.clone()
+    }
+}
+
+/// Each model file, then the safetensors export quantized in situ (its speed shows what
+/// ISQ gives on this CPU), beside the llama.cpp peer on the GGUF files. Returns the first
+/// file's outputs (the F16 KV cache's reference).
+async fn models(
+    opts: &Options,
+    text: &str,
+    scratch: &std::path::Path,
+    report: &mut GenerateBench,
+) -> anyhow::Result<Vec<Vec<u32>>> {
     let mut cells: Vec<(String, GenerationConfig)> = opts
         .models
         .iter()
@@ -429,7 +461,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
         let model = &cell.model;
         eprintln!("bench generate: {label}");
         let generator = Generator::load(cell).await?;
-        let prompts = prompts(&generator, &text, &opts.prompt_tokens);
+        let prompts = prompts(&generator, text, &opts.prompt_tokens);
         // one short run first: pages the weights in and allocates buffers
         generator
             .complete_tokens(prompts[0][..16.min(prompts[0].len())].to_vec(), 4)
@@ -470,265 +502,308 @@ pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
         }
         report.models.push(row);
     }
+    Ok(first_outputs)
+}
 
-    if let Some((target, draft, gamma)) = &opts.speculative {
-        eprintln!(
-            "bench generate: speculative {} + {}",
-            name(target),
-            name(draft)
-        );
-        let plain = Generator::load(&config(target, opts)).await?;
-        let prompt = prompts(&plain, &text, &opts.prompt_tokens[..1]).remove(0);
-        let (plain_speed, plain_out) =
-            measure(&plain, &prompt, opts.new_tokens, opts.repeat).await?;
-        drop(plain);
-        let alone = Generator::load(&config(draft, opts)).await?;
-        let (draft_speed, draft_out) =
-            measure(&alone, &prompt, opts.new_tokens, opts.repeat).await?;
-        drop(alone);
-        let mut c = config(target, opts);
-        c.draft = Some(DraftConfig {
-            model: draft.clone(),
-            gamma: *gamma,
-        });
-        let spec = Generator::load(&c).await?;
-        let before = crate::query::generate::lookup::draft_counts();
-        let (spec_speed, spec_out) = measure(&spec, &prompt, opts.new_tokens, opts.repeat).await?;
-        let after = crate::query::generate::lookup::draft_counts();
-        // the same server, requests that leave the draft model out (`draft_model: false`),
-        // with prompt-lookup drafts when asked for
-        let per_request = Params {
-            draft_model: false,
-            lookup_tokens: opts.lookup,
-            ..Params::greedy(opts.new_tokens)
-        };
-        let (skip_speed, skip_out) =
-            measure_with(&spec, &prompt, &per_request, opts.repeat).await?;
-        report.speculative.push(SpeculativeRow {
-            target: name(target),
-            draft: name(draft),
-            gamma: *gamma,
-            prompt_tokens: prompt.len(),
-            plain_decode_tok_s: plain_speed.decode_tok_s,
-            speculative_decode_tok_s: spec_speed.decode_tok_s,
-            draft_decode_tok_s: draft_speed.decode_tok_s,
-            identical_output: spec_out == plain_out,
-            skipped_lookup_tokens: opts.lookup,
-            skipped_decode_tok_s: skip_speed.decode_tok_s,
-            skipped_identical_output: skip_out == plain_out,
-            draft_steps: after.0 - before.0,
-            draft_proposed: after.1 - before.1,
-            draft_accepted: after.2 - before.2,
-        });
-        drop(spec);
-        if opts.lookup > 0 {
-            for (model, plain_speed, plain_out) in [
-                (target, &plain_speed, &plain_out),
-                (draft, &draft_speed, &draft_out),
-            ] {
-                let mut c = config(model, opts);
-                c.lookup_tokens = opts.lookup;
-                let drafted = Generator::load(&c).await?;
-                let before = crate::query::generate::lookup::draft_counts();
-                let (speed, out) = measure(&drafted, &prompt, opts.new_tokens, opts.repeat).await?;
-                let after = crate::query::generate::lookup::draft_counts();
-                report.lookup.push(LookupRow {
-                    model: name(model),
-                    draft_tokens: opts.lookup,
-                    prompt_tokens: prompt.len(),
-                    plain_decode_tok_s: plain_speed.decode_tok_s,
-                    lookup_decode_tok_s: speed.decode_tok_s,
-                    identical_output: &out == plain_out,
-                    draft_steps: after.0 - before.0,
-                    draft_proposed: after.1 - before.1,
-                    draft_accepted: after.2 - before.2,
-                });
-            }
+/// Speculative decoding with a draft model beside plain decoding of the target and the
+/// draft alone; the same server with the draft left out per request; prompt-lookup drafts.
+async fn speculative(
+    opts: &Options,
+    text: &str,
+    (target, draft, gamma): (&PathBuf, &PathBuf, usize),
+    report: &mut GenerateBench,
+) -> anyhow::Result<()> {
+    eprintln!(
+        "bench generate: speculative {} + {}",
+        name(target),
+        name(draft)
+    );
+    let plain = Generator::load(&config(target, opts)).await?;
+    let prompt = prompts(&plain, text, &opts.prompt_tokens[..1]).remove(0);
+    let (plain_speed, plain_out) = measure(&plain, &prompt, opts.new_tokens, opts.repeat).await?;
+    drop(plain);
+    let alone = Generator::load(&config(draft, opts)).await?;
+    let (draft_speed, draft_out) = measure(&alone, &prompt, opts.new_tokens, opts.repeat).await?;
+    drop(alone);
+    let mut c = config(target, opts);
+    c.draft = Some(DraftConfig {
+        model: draft.clone(),
+        gamma,
+    });
+    let spec = Generator::load(&c).await?;
+    let before = crate::query::generate::lookup::draft_counts();
+    let (spec_speed, spec_out) = measure(&spec, &prompt, opts.new_tokens, opts.repeat).await?;
+    let after = crate::query::generate::lookup::draft_counts();
+    // the same server, requests that leave the draft model out (`draft_model: false`),
+    // with prompt-lookup drafts when asked for
+    let per_request = Params {
+        draft_model: false,
+        lookup_tokens: opts.lookup,
+        ..Params::greedy(opts.new_tokens)
+    };
+    let (skip_speed, skip_out) = measure_with(&spec, &prompt, &per_request, opts.repeat).await?;
+    report.speculative.push(SpeculativeRow {
+        target: name(target),
+        draft: name(draft),
+        gamma,
+        prompt_tokens: prompt.len(),
+        plain_decode_tok_s: plain_speed.decode_tok_s,
+        speculative_decode_tok_s: spec_speed.decode_tok_s,
+        draft_decode_tok_s: draft_speed.decode_tok_s,
+        identical_output: spec_out == plain_out,
+        skipped_lookup_tokens: opts.lookup,
+        skipped_decode_tok_s: skip_speed.decode_tok_s,
+        skipped_identical_output: skip_out == plain_out,
+        draft_steps: after.0 - before.0,
+        draft_proposed: after.1 - before.1,
+        draft_accepted: after.2 - before.2,
+    });
+    drop(spec);
+    if opts.lookup > 0 {
+        for (model, plain_speed, plain_out) in [
+            (target, &plain_speed, &plain_out),
+            (draft, &draft_speed, &draft_out),
+        ] {
+            let mut c = config(model, opts);
+            c.lookup_tokens = opts.lookup;
+            let drafted = Generator::load(&c).await?;
+            let before = crate::query::generate::lookup::draft_counts();
+            let (speed, out) = measure(&drafted, &prompt, opts.new_tokens, opts.repeat).await?;
+            let after = crate::query::generate::lookup::draft_counts();
+            report.lookup.push(LookupRow {
+                model: name(model),
+                draft_tokens: opts.lookup,
+                prompt_tokens: prompt.len(),
+                plain_decode_tok_s: plain_speed.decode_tok_s,
+                lookup_decode_tok_s: speed.decode_tok_s,
+                identical_output: &out == plain_out,
+                draft_steps: after.0 - before.0,
+                draft_proposed: after.1 - before.1,
+                draft_accepted: after.2 - before.2,
+            });
         }
     }
+    Ok(())
+}
 
-    if let Some((dir, isq)) = &opts.load {
-        eprintln!("bench generate: load times of {}", dir.display());
-        let uqff = scratch.join("uqff");
-        let time = |label: String, c: GenerationConfig| async move {
-            let g = Generator::load(&c).await?;
-            Ok::<_, GenerateError>(LoadRow {
-                source: label,
-                load_ms: g.load_ms(),
-            })
-        };
-        let mut c = config(dir, opts);
+/// Load times: safetensors, with ISQ, writing and reading UQFF, and each GGUF file.
+async fn load_times(
+    opts: &Options,
+    scratch: &std::path::Path,
+    (dir, isq): (&PathBuf, &String),
+    report: &mut GenerateBench,
+) -> anyhow::Result<()> {
+    eprintln!("bench generate: load times of {}", dir.display());
+    let uqff = scratch.join("uqff");
+    let time = |label: String, c: GenerationConfig| async move {
+        let g = Generator::load(&c).await?;
+        Ok::<_, GenerateError>(LoadRow {
+            source: label,
+            load_ms: g.load_ms(),
+        })
+    };
+    let mut c = config(dir, opts);
+    report
+        .load
+        .push(time(format!("safetensors {}", name(dir)), c.clone()).await?);
+    c.isq = Some(isq.clone());
+    report.load.push(
+        time(
+            format!("safetensors + ISQ {isq} (quantized at load)"),
+            c.clone(),
+        )
+        .await?,
+    );
+    c.uqff = Some(uqff.clone());
+    report
+        .load
+        .push(time(format!("safetensors + ISQ {isq}, writing UQFF"), c.clone()).await?);
+    report
+        .load
+        .push(time(format!("UQFF {isq} (written above)"), c).await?);
+    for m in &opts.models {
         report
             .load
-            .push(time(format!("safetensors {}", name(dir)), c.clone()).await?);
-        c.isq = Some(isq.clone());
-        report.load.push(
-            time(
-                format!("safetensors + ISQ {isq} (quantized at load)"),
-                c.clone(),
-            )
-            .await?,
-        );
-        c.uqff = Some(uqff.clone());
-        report
-            .load
-            .push(time(format!("safetensors + ISQ {isq}, writing UQFF"), c.clone()).await?);
-        report
-            .load
-            .push(time(format!("UQFF {isq} (written above)"), c).await?);
-        for m in &opts.models {
-            report
-                .load
-                .push(time(format!("GGUF {}", name(m)), config(m, opts)).await?);
-        }
+            .push(time(format!("GGUF {}", name(m)), config(m, opts)).await?);
     }
-    let cpu = opts.device == "cpu";
-    if let (Some(model), Some(first), true) = (opts.models.first(), report.models.first(), cpu) {
-        // the F16 KV cache beside the F32 one (the table above), same prompts (a CPU switch:
-        // on a GPU the cache has the activation dtype)
-        eprintln!("bench generate: F16 KV cache");
+    Ok(())
+}
+
+/// The F16 KV cache beside the F32 one (the models table), same prompts (a CPU switch: on
+/// a GPU the cache has the activation dtype).
+async fn kv_f16(
+    opts: &Options,
+    text: &str,
+    first_outputs: &[Vec<u32>],
+    report: &mut GenerateBench,
+) -> anyhow::Result<()> {
+    let (Some(model), Some(first)) = (opts.models.first(), report.models.first().cloned()) else {
+        return Ok(());
+    };
+    // the F16 KV cache beside the F32 one (the table above), same prompts (a CPU switch:
+    // on a GPU the cache has the activation dtype)
+    eprintln!("bench generate: F16 KV cache");
+    let mut c = config(model, opts);
+    c.kv_cache = "f16".into();
+    let generator = Generator::load(&c).await?;
+    let prompts = prompts(&generator, text, &opts.prompt_tokens);
+    for (i, prompt) in prompts.iter().enumerate() {
+        let (speed, generated) = measure(&generator, prompt, opts.new_tokens, opts.repeat).await?;
+        report.kv.push(KvRow {
+            model: first.model.clone(),
+            f32: first.docent[i].clone(),
+            f16: speed,
+            agree: common_prefix(&generated, first_outputs.get(i).map_or(&[], |v| v)),
+        });
+    }
+    Ok(())
+}
+
+/// Throughput at several client counts per workload and schedule, and llama-server's on
+/// the `rag` workload when given.
+async fn concurrent(
+    opts: &Options,
+    text: &str,
+    model: &std::path::Path,
+    report: &mut GenerateBench,
+) -> anyhow::Result<()> {
+    // the text's tokens (the same for every engine of this model): llama-server's prompts
+    let mut prompt_ids = None;
+    let runs = opts
+        .workloads
+        .iter()
+        .flat_map(|w| opts.schedules.iter().map(move |s| (w, s)));
+    for (workload, order) in runs {
+        let workload = workload.as_str();
+        anyhow::ensure!(
+            ["rag", "chat"].contains(&workload),
+            "--workloads: rag or chat, got {workload:?}"
+        );
+        let (batching, schedule) = match order.as_str() {
+            "arrival" => (true, Schedule::Arrival),
+            "cohort" => (true, Schedule::Cohort),
+            "off" => (false, Schedule::Arrival),
+            other => anyhow::bail!("--schedules: arrival, cohort or off, got {other:?}"),
+        };
         let mut c = config(model, opts);
-        c.kv_cache = "f16".into();
-        let generator = Generator::load(&c).await?;
-        let prompts = prompts(&generator, &text, &opts.prompt_tokens);
-        for (i, prompt) in prompts.iter().enumerate() {
-            let (speed, generated) =
-                measure(&generator, prompt, opts.new_tokens, opts.repeat).await?;
-            report.kv.push(KvRow {
-                model: first.model.clone(),
-                f32: first.docent[i].clone(),
-                f16: speed,
-                agree: common_prefix(&generated, first_outputs.get(i).map_or(&[], |v| v)),
-            });
+        c.continuous_batching = batching;
+        c.schedule = schedule;
+        c.max_num_seqs = opts.clients.iter().copied().max().unwrap_or(1);
+        let generator = std::sync::Arc::new(Generator::load(&c).await?);
+        let ids = generator.encode(text);
+        prompt_ids = Some(ids.clone());
+        for &clients in &opts.clients {
+            let schedule = if batching { order.as_str() } else { "-" };
+            eprintln!(
+                "bench generate: {clients} concurrent clients, {workload}, batching {batching}, schedule {schedule}"
+            );
+            report.concurrency.push(
+                concurrency(&generator, &ids, name(model), workload, clients)
+                    .await
+                    .map(|r| ConcurrencyRow {
+                        batching,
+                        schedule: schedule.into(),
+                        ..r
+                    })?,
+            );
         }
     }
-    if let (Some(model), false) = (opts.models.first(), opts.clients.is_empty()) {
-        // the text's tokens (the same for every engine of this model): llama-server's prompts
-        let mut prompt_ids = None;
-        let runs = opts
-            .workloads
-            .iter()
-            .flat_map(|w| opts.schedules.iter().map(move |s| (w, s)));
-        for (workload, order) in runs {
-            let workload = workload.as_str();
-            anyhow::ensure!(
-                ["rag", "chat"].contains(&workload),
-                "--workloads: rag or chat, got {workload:?}"
-            );
-            let (batching, schedule) = match order.as_str() {
-                "arrival" => (true, Schedule::Arrival),
-                "cohort" => (true, Schedule::Cohort),
-                "off" => (false, Schedule::Arrival),
-                other => anyhow::bail!("--schedules: arrival, cohort or off, got {other:?}"),
-            };
-            let mut c = config(model, opts);
-            c.continuous_batching = batching;
-            c.schedule = schedule;
-            c.max_num_seqs = opts.clients.iter().copied().max().unwrap_or(1);
-            let generator = std::sync::Arc::new(Generator::load(&c).await?);
-            let ids = generator.encode(&text);
-            prompt_ids = Some(ids.clone());
-            for &clients in &opts.clients {
-                let schedule = if batching { order.as_str() } else { "-" };
-                eprintln!(
-                    "bench generate: {clients} concurrent clients, {workload}, batching {batching}, schedule {schedule}"
-                );
-                report.concurrency.push(
-                    concurrency(&generator, &ids, name(model), workload, clients)
-                        .await
-                        .map(|r| ConcurrencyRow {
-                            batching,
-                            schedule: schedule.into(),
-                            ..r
-                        })?,
-                );
-            }
-        }
-        if let (Some(server), Some(ids)) = (&opts.llama_server, prompt_ids) {
-            let slots = opts.clients.iter().copied().max().unwrap_or(1);
-            let peer = start_llama_server(server, model, opts.threads, slots, 512)?;
-            for &clients in &opts.clients {
-                eprintln!("bench generate: {clients} concurrent clients, rag, llama-server");
-                let (addr, ids, name) = (peer.addr, ids.clone(), name(model));
-                report.concurrency.push(
-                    tokio::task::spawn_blocking(move || {
-                        server_concurrency(addr, &ids, name, clients)
-                    })
+    if let (Some(server), Some(ids)) = (&opts.llama_server, prompt_ids) {
+        let slots = opts.clients.iter().copied().max().unwrap_or(1);
+        let peer = start_llama_server(server, model, opts.threads, slots, 512)?;
+        for &clients in &opts.clients {
+            eprintln!("bench generate: {clients} concurrent clients, rag, llama-server");
+            let (addr, ids, name) = (peer.addr, ids.clone(), name(model));
+            report.concurrency.push(
+                tokio::task::spawn_blocking(move || server_concurrency(addr, &ids, name, clients))
                     .await??,
-                );
-            }
-        }
-        // a streaming answer while a long prompt arrives, for several chunk sizes
-        let long_len = opts.prompt_tokens.iter().copied().max().unwrap_or(1200);
-        for chunk in [0, 64, 256] {
-            eprintln!(
-                "bench generate: a {long_len}-token prompt beside an answer, chunks of {chunk}"
             );
-            let mut c = config(model, opts);
-            c.prefill_chunk_tokens = chunk;
-            let generator = Generator::load(&c).await?;
-            let ids = generator.encode(&text);
-            let long: Vec<u32> = ids.iter().copied().cycle().take(long_len).collect();
-            let mut pauses = Vec::new();
-            let (mut meanwhile, mut long_ms) = (Vec::new(), Vec::new());
-            for _ in 0..opts.repeat.max(1) {
-                let s = stall(&generator, long.clone()).await?;
-                pauses.push(s.longest_pause.as_secs_f64() * 1e3);
-                meanwhile.push(s.tokens_meanwhile as f64);
-                long_ms.push(s.long_prompt.as_secs_f64() * 1e3);
-            }
-            report.stall.push(StallRow {
-                chunk_tokens: chunk,
-                prompt_tokens: long_len,
-                longest_pause_ms: median(pauses),
-                tokens_meanwhile: median(meanwhile) as usize,
-                long_prompt_ms: median(long_ms),
-            });
         }
     }
+    Ok(())
+}
 
-    if let (Some(model), true) = (opts.models.first(), opts.memory_queries > 10) {
-        let bounded = crate::config::Config::default().generation.prefix_cache_mib;
-        // off; docent's bounded cache; mistral.rs's unbounded one (the control only needs to
-        // show the growth)
-        for (prefix_cache, limit_mib) in [(false, 0), (true, bounded), (true, 0)] {
-            let n = if prefix_cache && limit_mib == 0 {
-                opts.memory_queries.min(200)
-            } else {
-                opts.memory_queries
-            };
-            eprintln!(
-                "bench generate: memory over {n} prompts, prefix cache {prefix_cache}, limit {limit_mib} MiB"
-            );
-            let mut c = config(model, opts);
-            c.prefix_cache = prefix_cache;
-            c.prefix_cache_mib = limit_mib;
-            let generator = Generator::load(&c).await?;
-            let ids = generator.encode(&text);
-            let mut after_10 = 0.0;
-            for i in 0..n {
-                // distinct prompts: 64-token windows at different offsets, then the index
-                let start = (i * 7) % ids.len().saturating_sub(64).max(1);
-                let mut prompt: Vec<u32> =
-                    ids.iter().copied().cycle().skip(start).take(64).collect();
-                prompt.extend(generator.encode(&format!(" {i}")));
-                generator.complete_tokens(prompt, 2).await?;
-                if i + 1 == 10 {
-                    after_10 = rss_mib();
-                }
-            }
-            let after = rss_mib();
-            report.memory.push(MemoryRow {
-                prefix_cache,
-                limit_mib,
-                queries: n,
-                rss_after_10_mib: after_10,
-                rss_after_all_mib: after,
-                growth_percent: (after / after_10 - 1.0) * 100.0,
-            });
+/// A streaming answer while a long prompt arrives, for several prefill chunk sizes.
+async fn stalls(
+    opts: &Options,
+    text: &str,
+    model: &std::path::Path,
+    report: &mut GenerateBench,
+) -> anyhow::Result<()> {
+    let long_len = opts.prompt_tokens.iter().copied().max().unwrap_or(1200);
+    for chunk in [0, 64, 256] {
+        eprintln!("bench generate: a {long_len}-token prompt beside an answer, chunks of {chunk}");
+        let mut c = config(model, opts);
+        c.prefill_chunk_tokens = chunk;
+        let generator = Generator::load(&c).await?;
+        let ids = generator.encode(text);
+        let long: Vec<u32> = ids.iter().copied().cycle().take(long_len).collect();
+        let mut pauses = Vec::new();
+        let (mut meanwhile, mut long_ms) = (Vec::new(), Vec::new());
+        for _ in 0..opts.repeat.max(1) {
+            let s = stall(&generator, long.clone()).await?;
+            pauses.push(s.longest_pause.as_secs_f64() * 1e3);
+            meanwhile.push(s.tokens_meanwhile as f64);
+            long_ms.push(s.long_prompt.as_secs_f64() * 1e3);
         }
+        report.stall.push(StallRow {
+            chunk_tokens: chunk,
+            prompt_tokens: long_len,
+            longest_pause_ms: median(pauses),
+            tokens_meanwhile: median(meanwhile) as usize,
+            long_prompt_ms: median(long_ms),
+        });
     }
-    Ok(report)
+    Ok(())
+}
+
+/// Memory over many distinct prompts: the prefix cache off, docent's bounded cache, and
+/// mistral.rs's unbounded one.
+async fn memory(
+    opts: &Options,
+    text: &str,
+    model: &std::path::Path,
+    report: &mut GenerateBench,
+) -> anyhow::Result<()> {
+    let bounded = crate::config::Config::default().generation.prefix_cache_mib;
+    // off; docent's bounded cache; mistral.rs's unbounded one (the control only needs to
+    // show the growth)
+    for (prefix_cache, limit_mib) in [(false, 0), (true, bounded), (true, 0)] {
+        let n = if prefix_cache && limit_mib == 0 {
+            opts.memory_queries.min(200)
+        } else {
+            opts.memory_queries
+        };
+        eprintln!(
+            "bench generate: memory over {n} prompts, prefix cache {prefix_cache}, limit {limit_mib} MiB"
+        );
+        let mut c = config(model, opts);
+        c.prefix_cache = prefix_cache;
+        c.prefix_cache_mib = limit_mib;
+        let generator = Generator::load(&c).await?;
+        let ids = generator.encode(text);
+        let mut after_10 = 0.0;
+        for i in 0..n {
+            // distinct prompts: 64-token windows at different offsets, then the index
+            let start = (i * 7) % ids.len().saturating_sub(64).max(1);
+            let mut prompt: Vec<u32> = ids.iter().copied().cycle().skip(start).take(64).collect();
+            prompt.extend(generator.encode(&format!(" {i}")));
+            generator.complete_tokens(prompt, 2).await?;
+            if i + 1 == 10 {
+                after_10 = rss_mib();
+            }
+        }
+        let after = rss_mib();
+        report.memory.push(MemoryRow {
+            prefix_cache,
+            limit_mib,
+            queries: n,
+            rss_after_10_mib: after_10,
+            rss_after_all_mib: after,
+            growth_percent: (after / after_10 - 1.0) * 100.0,
+        });
+    }
+    Ok(())
 }
 
 /// The processor's model name (first `model name` line of /proc/cpuinfo).
@@ -1019,6 +1094,34 @@ impl fmt::Display for GenerateBench {
             "dec ×",
             "agree"
         )?;
+        self.write_models(f)?;
+        self.write_drafts(f)?;
+        for l in &self.load {
+            writeln!(f, "load: {:<52} {:>8.0} ms", l.source, l.load_ms)?;
+        }
+        for k in &self.kv {
+            writeln!(
+                f,
+                "kv cache: {} {}-token prompt: F16 prefill / decode {:.1} / {:.1} tok/s, TTFT {:.0} ms vs F32 {:.1} / {:.1}, {:.0} ms; {} of {} tokens agree",
+                k.model,
+                k.f16.prompt_tokens,
+                k.f16.prefill_tok_s,
+                k.f16.decode_tok_s,
+                k.f16.ttft_ms,
+                k.f32.prefill_tok_s,
+                k.f32.decode_tok_s,
+                k.f32.ttft_ms,
+                k.agree,
+                k.f16.new_tokens
+            )?;
+        }
+        self.write_concurrency(f)
+    }
+}
+
+impl GenerateBench {
+    /// One row per model and prompt length beside llama.cpp's, then the best of each.
+    fn write_models(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for row in &self.models {
             for (i, d) in row.docent.iter().enumerate() {
                 let peer = row.llama_cpp.get(i);
@@ -1066,6 +1169,11 @@ impl fmt::Display for GenerateBench {
                 dd / ld
             )?;
         }
+        Ok(())
+    }
+
+    /// Speculative decoding and prompt-lookup drafts.
+    fn write_drafts(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for s in &self.speculative {
             writeln!(
                 f,
@@ -1115,25 +1223,11 @@ impl fmt::Display for GenerateBench {
                 l.draft_proposed
             )?;
         }
-        for l in &self.load {
-            writeln!(f, "load: {:<52} {:>8.0} ms", l.source, l.load_ms)?;
-        }
-        for k in &self.kv {
-            writeln!(
-                f,
-                "kv cache: {} {}-token prompt: F16 prefill / decode {:.1} / {:.1} tok/s, TTFT {:.0} ms vs F32 {:.1} / {:.1}, {:.0} ms; {} of {} tokens agree",
-                k.model,
-                k.f16.prompt_tokens,
-                k.f16.prefill_tok_s,
-                k.f16.decode_tok_s,
-                k.f16.ttft_ms,
-                k.f32.prefill_tok_s,
-                k.f32.decode_tok_s,
-                k.f32.ttft_ms,
-                k.agree,
-                k.f16.new_tokens
-            )?;
-        }
+        Ok(())
+    }
+
+    /// The throughput table, the chunked-prefill stalls and the memory rows.
+    fn write_concurrency(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let one = |c: &ConcurrencyRow| {
             self.concurrency
                 .iter()

@@ -147,20 +147,6 @@ struct Tally {
     jobs: Vec<(String, String)>,
 }
 
-/// A small deterministic generator (xorshift) per client.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 const QUESTIONS: &[&str] = &[
     "What is ownership in Rust?",
     "How do I install Rust on Linux?",
@@ -204,75 +190,13 @@ fn client(
     stop: &AtomicBool,
     tally: &Mutex<Tally>,
 ) {
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (id as u64 + 1).wrapping_mul(0x2545_F491_4F6C_DD1D));
+    // a deterministic sequence per client
+    let mut rng = fastrand::Rng::with_seed(id as u64 + 1);
     let mut conn: Option<Connection> = None;
     let mut n = 0usize;
     while !stop.load(Ordering::Relaxed) {
         n += 1;
-        let question = QUESTIONS[rng.below(QUESTIONS.len())];
-        let roll = rng.below(mix.total());
-        let (a, b, c, d) = (
-            mix.search,
-            mix.search + mix.extractive,
-            mix.search + mix.extractive + mix.generated,
-            mix.search + mix.extractive + mix.generated + mix.list,
-        );
-        let json = |route, method, path, body: serde_json::Value| Op {
-            route,
-            method,
-            path,
-            content_type: "application/json".to_string(),
-            body: if body.is_null() {
-                vec![]
-            } else {
-                body.to_string().into_bytes()
-            },
-            marker: None,
-        };
-        let op = if roll < a {
-            json(
-                "POST /v1/search",
-                "POST",
-                "/v1/search",
-                serde_json::json!({"question": question}),
-            )
-        } else if roll < b {
-            json(
-                "POST /v1/query (extractive)",
-                "POST",
-                "/v1/query",
-                serde_json::json!({"question": question, "mode": "extractive"}),
-            )
-        } else if roll < c {
-            json(
-                "POST /v1/query (generated)",
-                "POST",
-                "/v1/query",
-                serde_json::json!({"question": question, "generation": {"max_tokens": 32}}),
-            )
-        } else if roll < d {
-            json(
-                "GET /v1/documents",
-                "GET",
-                "/v1/documents?limit=20",
-                serde_json::Value::Null,
-            )
-        } else {
-            let marker = format!("zqmark{id}x{n}q");
-            let text = format!(
-                "# Load test note {id}-{n}\n\nThe marker of this note is {marker}.\n\n{}",
-                paragraphs[rng.below(paragraphs.len())]
-            );
-            let (content_type, body) = multipart(&format!("load-{id}-{n}.md"), &text);
-            Op {
-                route: "POST /v1/documents",
-                method: "POST",
-                path: "/v1/documents",
-                content_type,
-                body,
-                marker: Some(marker),
-            }
-        };
+        let op = pick_op(mix, &mut rng, id, n, paragraphs);
         let Op {
             route,
             method,
@@ -324,6 +248,75 @@ fn client(
                 drop(t);
                 std::thread::sleep(Duration::from_millis(50));
             }
+        }
+    }
+}
+
+/// The next request of a client's mix: a search, an extractive or generated answer, a
+/// document list, or an upload of a note with a marker (checked after the kill).
+fn pick_op(mix: Mix, rng: &mut fastrand::Rng, id: usize, n: usize, paragraphs: &[String]) -> Op {
+    let question = QUESTIONS[rng.usize(..QUESTIONS.len())];
+    let roll = rng.usize(..mix.total());
+    let (a, b, c, d) = (
+        mix.search,
+        mix.search + mix.extractive,
+        mix.search + mix.extractive + mix.generated,
+        mix.search + mix.extractive + mix.generated + mix.list,
+    );
+    let json = |route, method, path, body: serde_json::Value| Op {
+        route,
+        method,
+        path,
+        content_type: "application/json".to_string(),
+        body: if body.is_null() {
+            vec![]
+        } else {
+            body.to_string().into_bytes()
+        },
+        marker: None,
+    };
+    if roll < a {
+        json(
+            "POST /v1/search",
+            "POST",
+            "/v1/search",
+            serde_json::json!({"question": question}),
+        )
+    } else if roll < b {
+        json(
+            "POST /v1/query (extractive)",
+            "POST",
+            "/v1/query",
+            serde_json::json!({"question": question, "mode": "extractive"}),
+        )
+    } else if roll < c {
+        json(
+            "POST /v1/query (generated)",
+            "POST",
+            "/v1/query",
+            serde_json::json!({"question": question, "generation": {"max_tokens": 32}}),
+        )
+    } else if roll < d {
+        json(
+            "GET /v1/documents",
+            "GET",
+            "/v1/documents?limit=20",
+            serde_json::Value::Null,
+        )
+    } else {
+        let marker = format!("zqmark{id}x{n}q");
+        let text = format!(
+            "# Load test note {id}-{n}\n\nThe marker of this note is {marker}.\n\n{}",
+            paragraphs[rng.usize(..paragraphs.len())]
+        );
+        let (content_type, body) = multipart(&format!("load-{id}-{n}.md"), &text);
+        Op {
+            route: "POST /v1/documents",
+            method: "POST",
+            path: "/v1/documents",
+            content_type,
+            body,
+            marker: Some(marker),
         }
     }
 }
@@ -647,8 +640,32 @@ pub fn run(config: &Config, opts: &Options) -> anyhow::Result<bool> {
         restarted.elapsed().as_secs_f64()
     );
     let mut c = Connection::open(server.addr)?;
+    let lost = lost_uploads(&mut c, &killed.done)?;
+    println!(
+        "kill-restart: {} uploads acknowledged as done before the kill; {} intact and found by search; lost: {}",
+        killed.done.len(),
+        killed.done.len() - lost.len(),
+        if lost.is_empty() { "none".to_string() } else { lost.join("; ") }
+    );
+    let (status, _) = c.send(
+        "POST",
+        "/v1/query",
+        "application/json",
+        Some(KEY),
+        br#"{"question": "What is ownership in Rust?", "mode": "extractive"}"#,
+    )?;
+    println!("after the restart a query answers {status}");
+    Ok(bad == 0 && lost.is_empty() && status == 200)
+}
+
+/// The uploads acknowledged as done that a restarted server lost: not listed, or not
+/// found by a search for their marker.
+fn lost_uploads(
+    c: &mut Connection,
+    done: &[(String, String, String)],
+) -> anyhow::Result<Vec<String>> {
     let mut lost = vec![];
-    for (_, marker, doc) in &killed.done {
+    for (_, marker, doc) in done {
         let (status, _) = c.send(
             "GET",
             &format!("/v1/documents/{doc}"),
@@ -678,21 +695,7 @@ pub fn run(config: &Config, opts: &Options) -> anyhow::Result<bool> {
             ));
         }
     }
-    println!(
-        "kill-restart: {} uploads acknowledged as done before the kill; {} intact and found by search; lost: {}",
-        killed.done.len(),
-        killed.done.len() - lost.len(),
-        if lost.is_empty() { "none".to_string() } else { lost.join("; ") }
-    );
-    let (status, _) = c.send(
-        "POST",
-        "/v1/query",
-        "application/json",
-        Some(KEY),
-        br#"{"question": "What is ownership in Rust?", "mode": "extractive"}"#,
-    )?;
-    println!("after the restart a query answers {status}");
-    Ok(bad == 0 && lost.is_empty() && status == 200)
+    Ok(lost)
 }
 
 #[cfg(test)]

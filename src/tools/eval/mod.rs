@@ -778,62 +778,22 @@ pub async fn answers(
     threshold: f32,
     dump: Option<&Path>,
 ) -> anyhow::Result<AnswerReport> {
-    let contains = contains_answer;
     let queries: Vec<&QueryLine> = data
         .queries
         .iter()
         .filter(|q| data.qrels.contains_key(&q.id) || !q.metadata.answerable)
         .take(n)
         .collect();
-    let (mut answerable, mut unanswerable, mut gold, mut refused_ok, mut refused_wrongly) =
-        (0usize, 0usize, 0usize, 0usize, 0usize);
-    let (mut citations, mut good_citations, mut covered) = (0usize, 0usize, 0usize);
-    // per setting (0 = the model's markers), per answerable question: (citations, good)
-    let mut per_setting: Vec<Vec<(usize, usize)>> = vec![Vec::new(); ATTRIBUTION_SWEEP.len() + 1];
     let started = Instant::now();
     let drafts_before = crate::query::generate::lookup::draft_counts();
-    // per type: (questions, answerable, gold, f1 sum, degenerate before, extractive,
-    // refused ok, refused wrongly, unanswerable)
-    let mut types: BTreeMap<String, [f64; 9]> = BTreeMap::new();
-    let mut content_scores: Vec<(f32, bool)> = Vec::new();
-    let (mut f1_sum, mut answered, mut degenerate_before, mut degenerate_after, mut extractive) =
-        (0.0f64, 0usize, 0usize, 0usize, 0usize);
+    let mut tally = Tally::new();
     let mut records = Vec::with_capacity(queries.len());
     for q in &queries {
-        let (response, first_text_ms, total_ms) = timed_answer(
-            engine,
-            crate::query::QueryRequest {
-                question: q.text.clone(),
-                generation: crate::query::GenerationOptions {
-                    max_tokens: Some(ANSWER_TOKENS),
-                    temperature: Some(0.0),
-                    ..Default::default()
-                },
-                mode: Some(mode),
-                ..Default::default()
-            },
-        )
-        .await?;
         let golds = data.answers.get(&q.id).cloned().unwrap_or_default();
-        let record = AnswerRecord {
-            id: q.id.clone(),
-            question: q.text.clone(),
-            answer: response.answer.clone(),
-            answerable: data.qrels.contains_key(&q.id),
-            refused_anyway: !response.answerable,
-            refusal_reason: response.refusal_reason,
-            refusal_probability: response.refusal_probability,
-            refusal_signals: response.refusal_signals,
-            contains_gold: contains(&response.answer, &golds),
-            mode: response.mode,
-            degenerate: response.degenerate.clone(),
-            first_text_ms,
-            total_ms,
-            completion_tokens: response.usage.completion_tokens,
-            generation_ms: response.usage.generation_ms,
-        };
+        let answerable = data.qrels.contains_key(&q.id);
+        let (response, record) = answer_one(engine, q, mode, answerable, &golds).await?;
         // as the service answers at `threshold`: refused when the judgement reaches it
-        let answerable_now = !record.refused_at(threshold);
+        let shown = !record.refused_at(threshold);
         records.push(record);
         // content-based answerability, on the same retrieval as the answer
         let hits = hits_of(engine, &q.text).await?;
@@ -841,67 +801,214 @@ pub async fn answers(
             .extractive_answer(&q.text, &hits)
             .await?
             .map_or(f32::MIN, |(_, score)| score);
-        content_scores.push((content, data.qrels.contains_key(&q.id)));
-        let t = types.entry(question_type(&q.text)).or_default();
+        tally.content_scores.push((content, answerable));
+        tally.count(
+            &question_type(&q.text),
+            &response,
+            shown,
+            answerable,
+            &golds,
+        );
+        if answerable {
+            tally.citations(engine, &response, shown, &golds).await?;
+            tally.sweep(engine, &response, &hits, &golds).await?;
+        }
+    }
+    if let Some(path) = dump {
+        let mut out = String::new();
+        for r in &records {
+            out.push_str(&serde_json::to_string(r)?);
+            out.push('\n');
+        }
+        std::fs::write(path, out)?;
+    }
+    let mean_seconds = started.elapsed().as_secs_f64() / queries.len().max(1) as f64;
+    Ok(tally.report(
+        queries.len(),
+        mean_seconds,
+        threshold,
+        &records,
+        drafts_before,
+    ))
+}
+
+/// One question through the answer path (greedy, [`ANSWER_TOKENS`] at most), timed, as its
+/// record.
+async fn answer_one(
+    engine: &std::sync::Arc<crate::query::QueryEngine>,
+    q: &QueryLine,
+    mode: crate::query::AnswerMode,
+    answerable: bool,
+    golds: &[String],
+) -> anyhow::Result<(crate::query::QueryResponse, AnswerRecord)> {
+    let (response, first_text_ms, total_ms) = timed_answer(
+        engine,
+        crate::query::QueryRequest {
+            question: q.text.clone(),
+            generation: crate::query::GenerationOptions {
+                max_tokens: Some(ANSWER_TOKENS),
+                temperature: Some(0.0),
+                ..Default::default()
+            },
+            mode: Some(mode),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let record = AnswerRecord {
+        id: q.id.clone(),
+        question: q.text.clone(),
+        answer: response.answer.clone(),
+        answerable,
+        refused_anyway: !response.answerable,
+        refusal_reason: response.refusal_reason,
+        refusal_probability: response.refusal_probability,
+        refusal_signals: response.refusal_signals,
+        contains_gold: contains_answer(&response.answer, golds),
+        mode: response.mode,
+        degenerate: response.degenerate.clone(),
+        first_text_ms,
+        total_ms,
+        completion_tokens: response.usage.completion_tokens,
+        generation_ms: response.usage.generation_ms,
+    };
+    Ok((response, record))
+}
+
+/// Counts of [`answers`], question by question.
+struct Tally {
+    answerable: usize,
+    unanswerable: usize,
+    gold: usize,
+    refused_ok: usize,
+    refused_wrongly: usize,
+    citations: usize,
+    good_citations: usize,
+    covered: usize,
+    /// Per setting (0 = the model's markers), per answerable question: (citations, good).
+    per_setting: Vec<Vec<(usize, usize)>>,
+    /// Per type: (questions, answerable, gold, f1 sum, degenerate before, extractive,
+    /// refused ok, refused wrongly, unanswerable).
+    types: BTreeMap<String, [f64; 9]>,
+    content_scores: Vec<(f32, bool)>,
+    f1_sum: f64,
+    answered: usize,
+    degenerate_before: usize,
+    degenerate_after: usize,
+    extractive: usize,
+}
+
+impl Tally {
+    fn new() -> Self {
+        Tally {
+            answerable: 0,
+            unanswerable: 0,
+            gold: 0,
+            refused_ok: 0,
+            refused_wrongly: 0,
+            citations: 0,
+            good_citations: 0,
+            covered: 0,
+            per_setting: vec![Vec::new(); ATTRIBUTION_SWEEP.len() + 1],
+            types: BTreeMap::new(),
+            content_scores: Vec::new(),
+            f1_sum: 0.0,
+            answered: 0,
+            degenerate_before: 0,
+            degenerate_after: 0,
+            extractive: 0,
+        }
+    }
+
+    /// The answer's refusal, gold answer, F1 and degeneration, overall and per type;
+    /// `shown`: not refused at the threshold.
+    fn count(
+        &mut self,
+        kind: &str,
+        response: &crate::query::QueryResponse,
+        shown: bool,
+        answerable: bool,
+        golds: &[String],
+    ) {
+        let t = self.types.entry(kind.to_string()).or_default();
+        let one = |b: bool| f64::from(u8::from(b));
         t[0] += 1.0;
-        if answerable_now {
-            answered += 1;
+        if shown {
+            self.answered += 1;
             let before = !response.degenerate.is_empty();
             let is_extractive = response.mode == crate::query::AnswerMode::Extractive;
-            degenerate_before += usize::from(before);
-            degenerate_after += usize::from(degenerate_text(&response.answer).is_some());
-            extractive += usize::from(is_extractive);
-            t[4] += f64::from(u8::from(before));
-            t[5] += f64::from(u8::from(is_extractive));
+            self.degenerate_before += usize::from(before);
+            self.degenerate_after += usize::from(degenerate_text(&response.answer).is_some());
+            self.extractive += usize::from(is_extractive);
+            t[4] += one(before);
+            t[5] += one(is_extractive);
         }
-        if !data.qrels.contains_key(&q.id) {
-            unanswerable += 1;
+        if !answerable {
+            self.unanswerable += 1;
             t[8] += 1.0;
-            refused_ok += usize::from(!answerable_now);
-            t[6] += f64::from(u8::from(!answerable_now));
-            continue;
+            self.refused_ok += usize::from(!shown);
+            t[6] += one(!shown);
+            return;
         }
-        answerable += 1;
+        self.answerable += 1;
         t[1] += 1.0;
-        refused_wrongly += usize::from(!answerable_now);
-        t[7] += f64::from(u8::from(!answerable_now));
-        let has_gold = answerable_now && contains(&response.answer, &golds);
-        gold += usize::from(has_gold);
-        t[2] += f64::from(u8::from(has_gold));
-        let f1 = if answerable_now {
-            token_f1(&response.answer, &golds)
+        self.refused_wrongly += usize::from(!shown);
+        t[7] += one(!shown);
+        let has_gold = shown && contains_answer(&response.answer, golds);
+        self.gold += usize::from(has_gold);
+        t[2] += one(has_gold);
+        let f1 = if shown {
+            token_f1(&response.answer, golds)
         } else {
             0.0
         };
-        f1_sum += f1;
+        self.f1_sum += f1;
         t[3] += f1;
+    }
+
+    /// The citations shown with an answerable question's answer: how many cite a chunk
+    /// that holds a gold answer.
+    async fn citations(
+        &mut self,
+        engine: &crate::query::QueryEngine,
+        response: &crate::query::QueryResponse,
+        shown: bool,
+        golds: &[String],
+    ) -> anyhow::Result<()> {
+        let shown: &[crate::query::postprocess::Citation] =
+            if shown { &response.citations } else { &[] };
         let mut any_good = false;
-        let shown: &[crate::query::postprocess::Citation] = if answerable_now {
-            &response.citations
-        } else {
-            &[]
-        };
         for c in shown {
-            citations += 1;
+            self.citations += 1;
             let chunk = engine
                 .index
                 .store
                 .chunk(&c.document_id, c.chunk_index)
                 .await?;
-            let good = chunk.is_some_and(|p| contains(&p.text, &golds));
-            good_citations += usize::from(good);
+            let good = chunk.is_some_and(|p| contains_answer(&p.text, golds));
+            self.good_citations += usize::from(good);
             any_good |= good;
         }
-        covered += usize::from(any_good);
+        self.covered += usize::from(any_good);
+        Ok(())
+    }
 
-        // the same answer with fallback attribution over the same retrieved blocks
+    /// The same answer with fallback attribution over the same retrieved blocks, at every
+    /// setting of [`ATTRIBUTION_SWEEP`].
+    async fn sweep(
+        &mut self,
+        engine: &crate::query::QueryEngine,
+        response: &crate::query::QueryResponse,
+        hits: &[docent_ingest::store::Hit],
+        golds: &[String],
+    ) -> anyhow::Result<()> {
         let texts: Vec<String> = hits.iter().map(|h| h.payload.text.clone()).collect();
-        let good_block = |n: usize| texts.get(n - 1).is_some_and(|t| contains(t, &golds));
+        let good_block = |n: usize| texts.get(n - 1).is_some_and(|t| contains_answer(t, golds));
         let tally = |cits: &[crate::query::postprocess::Citation]| {
             (cits.len(), cits.iter().filter(|c| good_block(c.n)).count())
         };
-        let (answer, model) = crate::query::postprocess::cite(&response.answer, &hits);
-        per_setting[0].push(tally(&model));
+        let (answer, model) = crate::query::postprocess::cite(&response.answer, hits);
+        self.per_setting[0].push(tally(&model));
         let claims = crate::query::postprocess::claims(&answer);
         let support = engine.support(&claims, &texts).await?;
         for (i, &(add_at, drop_below)) in ATTRIBUTION_SWEEP.iter().enumerate() {
@@ -911,30 +1018,77 @@ pub async fn answers(
                 unsupported_below: 0.0,
             };
             let (_, cits) =
-                crate::query::postprocess::attribute(&answer, &claims, &support, &hits, a);
-            per_setting[i + 1].push(tally(&cits));
+                crate::query::postprocess::attribute(&answer, &claims, &support, hits, a);
+            self.per_setting[i + 1].push(tally(&cits));
         }
+        Ok(())
     }
-    let refusal_by_content = refusal(&content_scores, f32::MIN);
-    if let Some(path) = dump {
-        let mut out = String::new();
-        for r in &records {
-            out.push_str(&serde_json::to_string(r)?);
-            out.push('\n');
-        }
-        std::fs::write(path, out)?;
-    }
-    let answered_now: Vec<&AnswerRecord> = records
-        .iter()
-        .filter(|r| !r.refused_at(threshold))
-        .collect();
-    let first_text_ms = Percentiles::of(
-        answered_now
+
+    /// The report: the shares, the refusal curves, the latencies of the answers shown.
+    fn report(
+        self,
+        questions: usize,
+        mean_seconds: f64,
+        threshold: f32,
+        records: &[AnswerRecord],
+        drafts_before: (u64, u64, u64),
+    ) -> AnswerReport {
+        let answered_now: Vec<&AnswerRecord> = records
             .iter()
-            .filter_map(|r| r.first_text_ms)
-            .collect(),
-    );
-    let total_ms = Percentiles::of(answered_now.iter().map(|r| r.total_ms).collect());
+            .filter(|r| !r.refused_at(threshold))
+            .collect();
+        let first_text_ms = Percentiles::of(
+            answered_now
+                .iter()
+                .filter_map(|r| r.first_text_ms)
+                .collect(),
+        );
+        let total_ms = Percentiles::of(answered_now.iter().map(|r| r.total_ms).collect());
+        let share = |a: usize, b: usize| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        AnswerReport {
+            questions,
+            answerable: self.answerable,
+            unanswerable: self.unanswerable,
+            contains_gold: share(self.gold, self.answerable),
+            citation_precision: share(self.good_citations, self.citations),
+            citations: self.citations,
+            citation_coverage: share(self.covered, self.answerable),
+            correct_refusal: share(self.refused_ok, self.unanswerable),
+            false_refusal: share(self.refused_wrongly, self.answerable),
+            mean_seconds,
+            f1: if self.answerable == 0 {
+                0.0
+            } else {
+                self.f1_sum / self.answerable as f64
+            },
+            degenerate_before: share(self.degenerate_before, self.answered),
+            degenerate_after: share(self.degenerate_after, self.answered),
+            extractive: share(self.extractive, self.answered),
+            refusal_by_content: refusal(&self.content_scores, f32::MIN),
+            by_type: type_rows(self.types),
+            attribution: attribution_rows(&self.per_setting),
+            refusal_threshold: threshold,
+            refusal_by_model: refusal_curve(records),
+            refusal_by_first_token: if records
+                .iter()
+                .any(|r| r.refusal_signals.is_some_and(|s| s.probe.is_some()))
+            {
+                refusal_curve_by(records, Signal::FirstToken)
+            } else {
+                both_signals(records, Signal::FirstToken)
+            },
+            refusal_by_probe: refusal_curve_by(records, Signal::Probe),
+            refusal_by_question: both_signals(records, Signal::Question),
+            refusal_by_either: both_signals(records, Signal::Either),
+            first_text_ms,
+            total_ms,
+            generation: generation_speed(records, drafts_before),
+        }
+    }
+}
+
+/// Tokens per second over the answers that generated, and the drafts since `before`.
+fn generation_speed(records: &[AnswerRecord], before: (u64, u64, u64)) -> GenerationSpeed {
     let drafts = crate::query::generate::lookup::draft_counts();
     let (tokens, seconds) = records
         .iter()
@@ -942,7 +1096,7 @@ pub async fn answers(
         .fold((0, 0.0), |(t, s), r| {
             (t + r.completion_tokens, s + r.generation_ms / 1e3)
         });
-    let generation = GenerationSpeed {
+    GenerationSpeed {
         tokens,
         seconds,
         tokens_per_second: if seconds > 0.0 {
@@ -950,10 +1104,15 @@ pub async fn answers(
         } else {
             0.0
         },
-        draft_steps: drafts.0 - drafts_before.0,
-        draft_proposed: drafts.1 - drafts_before.1,
-        draft_accepted: drafts.2 - drafts_before.2,
-    };
+        draft_steps: drafts.0 - before.0,
+        draft_proposed: drafts.1 - before.1,
+        draft_accepted: drafts.2 - before.2,
+    }
+}
+
+/// The attribution sweep's rows: citations, precision and coverage per setting, on every
+/// answerable question and on the second half only.
+fn attribution_rows(per_setting: &[Vec<(usize, usize)>]) -> Vec<AttributionRow> {
     let score = |rows: &[(usize, usize)]| {
         let cits: usize = rows.iter().map(|r| r.0).sum();
         let good: usize = rows.iter().map(|r| r.1).sum();
@@ -972,7 +1131,7 @@ pub async fn answers(
             },
         )
     };
-    let attribution = per_setting
+    per_setting
         .iter()
         .enumerate()
         .map(|(i, rows)| {
@@ -993,66 +1152,31 @@ pub async fn answers(
                 held_out_coverage,
             }
         })
-        .collect();
-    let share = |a: usize, b: usize| if b == 0 { 0.0 } else { a as f64 / b as f64 };
-    Ok(AnswerReport {
-        questions: queries.len(),
-        answerable,
-        unanswerable,
-        contains_gold: share(gold, answerable),
-        citation_precision: share(good_citations, citations),
-        citations,
-        citation_coverage: share(covered, answerable),
-        correct_refusal: share(refused_ok, unanswerable),
-        false_refusal: share(refused_wrongly, answerable),
-        mean_seconds: started.elapsed().as_secs_f64() / queries.len().max(1) as f64,
-        f1: if answerable == 0 {
-            0.0
-        } else {
-            f1_sum / answerable as f64
-        },
-        degenerate_before: share(degenerate_before, answered),
-        degenerate_after: share(degenerate_after, answered),
-        extractive: share(extractive, answered),
-        refusal_by_content,
-        by_type: types
-            .into_iter()
-            .map(|(name, t)| {
-                let ratio = |a: f64, b: f64| if b == 0.0 { 0.0 } else { a / b };
-                let answered = t[0] - t[6] - t[7];
-                (
-                    name,
-                    TypeRow {
-                        questions: t[0] as usize,
-                        answerable: t[1] as usize,
-                        contains_gold: ratio(t[2], t[1]),
-                        f1: ratio(t[3], t[1]),
-                        degenerate_before: ratio(t[4], answered),
-                        extractive: ratio(t[5], answered),
-                        correct_refusal: ratio(t[6], t[8]),
-                        false_refusal: ratio(t[7], t[1]),
-                    },
-                )
-            })
-            .collect(),
-        attribution,
-        refusal_threshold: threshold,
-        refusal_by_model: refusal_curve(&records),
-        refusal_by_first_token: if records
-            .iter()
-            .any(|r| r.refusal_signals.is_some_and(|s| s.probe.is_some()))
-        {
-            refusal_curve_by(&records, Signal::FirstToken)
-        } else {
-            both_signals(&records, Signal::FirstToken)
-        },
-        refusal_by_probe: refusal_curve_by(&records, Signal::Probe),
-        refusal_by_question: both_signals(&records, Signal::Question),
-        refusal_by_either: both_signals(&records, Signal::Either),
-        first_text_ms,
-        total_ms,
-        generation,
-    })
+        .collect()
+}
+
+/// The per-type counts as rows of shares.
+fn type_rows(types: BTreeMap<String, [f64; 9]>) -> BTreeMap<String, TypeRow> {
+    types
+        .into_iter()
+        .map(|(name, t)| {
+            let ratio = |a: f64, b: f64| if b == 0.0 { 0.0 } else { a / b };
+            let answered = t[0] - t[6] - t[7];
+            (
+                name,
+                TypeRow {
+                    questions: t[0] as usize,
+                    answerable: t[1] as usize,
+                    contains_gold: ratio(t[2], t[1]),
+                    f1: ratio(t[3], t[1]),
+                    degenerate_before: ratio(t[4], answered),
+                    extractive: ratio(t[5], answered),
+                    correct_refusal: ratio(t[6], t[8]),
+                    false_refusal: ratio(t[7], t[1]),
+                },
+            )
+        })
+        .collect()
 }
 
 #[derive(Default)]
@@ -1235,33 +1359,12 @@ pub fn run(
         let t = Instant::now();
         let embedded = block_on(index.embed_query(&q.text))?;
         let embed_ms = t.elapsed().as_secs_f64() * 1e3;
-        let best = block_on(index.store.search_scores(
-            &embedded,
-            SearchMode::Dense,
-            &index.fusion.without_mmr(),
-            1,
-            &none,
-        ))?
-        .first()
-        .map_or(f32::MIN, |h| h.1);
         if let Some(out) = dump.as_mut() {
             let record = dump_record(&index, &embedded, q, data)?;
             serde_json::to_writer(&mut *out, &record)?;
             std::io::Write::write_all(out, b"\n")?;
         }
-        // the refusal signal as the service computes it, over the chunks the prompt gets
-        let context = block_on(index.rank(
-            &embedded,
-            config.retrieval.top_k,
-            config.retrieval.mode,
-            &none,
-        ))?;
-        let coverage = index.term_coverage(
-            &embedded.sparse.indices,
-            context.hits.iter().map(|h| h.payload.text.as_str()),
-        );
-        let signal = crate::query::retrieve::relevance(Some(best), coverage, term_weight)
-            .unwrap_or(f32::MIN);
+        let (best, signal) = refusal_signals(&index, &config, &embedded, term_weight)?;
         let answerable = data.qrels.contains_key(&q.id);
         best_scores.push((best, answerable));
         with_terms.push((signal, answerable));
@@ -1306,20 +1409,7 @@ pub fn run(
         documents: data.corpus.len(),
         chunks,
         ingest_seconds,
-        settings: format!(
-            "chunks {}/{} tokens, top_k {}, neighbors {}, mmr {}, fusion {:?} x{}",
-            config.chunking.max_tokens,
-            config.chunking.overlap,
-            config.retrieval.top_k,
-            config.retrieval.neighbors,
-            config
-                .retrieval
-                .fusion
-                .mmr_lambda
-                .map_or("off".to_string(), |l| l.to_string()),
-            config.retrieval.fusion.method,
-            config.retrieval.fusion.candidates
-        ),
+        settings: settings_line(&config),
         modes: mode_reports,
         refusal: refusal(&best_scores, config.retrieval.min_score),
         refusal_with_terms: refusal(&with_terms, config.retrieval.min_score)
@@ -1332,6 +1422,58 @@ pub fn run(
         config,
         _tmp: cleanup,
     })
+}
+
+/// The refusal signals of a question as the service computes them: the best dense cosine
+/// over the whole index, and that plus `term_weight` × the question's term share in the
+/// chunks the prompt gets.
+fn refusal_signals(
+    index: &crate::query::retrieve::Index,
+    config: &Config,
+    embedded: &docent_ingest::embed::Embedding,
+    term_weight: f32,
+) -> anyhow::Result<(f32, f32)> {
+    let none = SearchFilter::default();
+    let best = block_on(index.store.search_scores(
+        embedded,
+        SearchMode::Dense,
+        &index.fusion.without_mmr(),
+        1,
+        &none,
+    ))?
+    .first()
+    .map_or(f32::MIN, |h| h.1);
+    let context = block_on(index.rank(
+        embedded,
+        config.retrieval.top_k,
+        config.retrieval.mode,
+        &none,
+    ))?;
+    let coverage = index.term_coverage(
+        &embedded.sparse.indices,
+        context.hits.iter().map(|h| h.payload.text.as_str()),
+    );
+    let signal =
+        crate::query::retrieve::relevance(Some(best), coverage, term_weight).unwrap_or(f32::MIN);
+    Ok((best, signal))
+}
+
+/// The settings line of the report: chunking, top_k, neighbours, MMR and fusion.
+fn settings_line(config: &Config) -> String {
+    format!(
+        "chunks {}/{} tokens, top_k {}, neighbors {}, mmr {}, fusion {:?} x{}",
+        config.chunking.max_tokens,
+        config.chunking.overlap,
+        config.retrieval.top_k,
+        config.retrieval.neighbors,
+        config
+            .retrieval
+            .fusion
+            .mmr_lambda
+            .map_or("off".to_string(), |l| l.to_string()),
+        config.retrieval.fusion.method,
+        config.retrieval.fusion.candidates
+    )
 }
 
 /// The weight of the question's terms in the refusal signal that `docent eval` reports
@@ -1508,138 +1650,157 @@ impl std::fmt::Display for EvalReport {
             )?;
         }
         if let Some(a) = &self.answers {
-            writeln!(
-                f,
-                "answers ({} questions: {} answerable, {} unanswerable; {:.1} s each): contain a gold answer {:.1} %, citation precision {:.1} % of {}, coverage {:.1} %, correct refusals {:.1} %, false refusals {:.1} %",
-                a.questions,
-                a.answerable,
-                a.unanswerable,
-                a.mean_seconds,
-                100.0 * a.contains_gold,
-                100.0 * a.citation_precision,
-                a.citations,
-                100.0 * a.citation_coverage,
-                100.0 * a.correct_refusal,
-                100.0 * a.false_refusal
-            )?;
-            writeln!(
-                f,
-                "token F1 {:.1} %; degenerate model text {:.1} % of answers (before the fallback), degenerate final answers {:.1} %; extractive answers {:.1} %",
-                100.0 * a.f1,
-                100.0 * a.degenerate_before,
-                100.0 * a.degenerate_after,
-                100.0 * a.extractive
-            )?;
-            writeln!(
-                f,
-                "time to the first shown text p50 {:.0} ms, p95 {:.0} ms; whole answer p50 {:.0} ms, p95 {:.0} ms ({} answers not refused)",
-                a.first_text_ms.p50, a.first_text_ms.p95, a.total_ms.p50, a.total_ms.p95, a.total_ms.n
-            )?;
-            let g = &a.generation;
-            writeln!(
-                f,
-                "generation: {} tokens in {:.1} s = {:.2} tokens/s (prefill included); prompt-lookup drafts: {} steps, {} of {} draft tokens accepted",
-                g.tokens, g.seconds, g.tokens_per_second, g.draft_steps, g.draft_accepted, g.draft_proposed
-            )?;
-            if !a.refusal_by_probe.is_empty() {
-                write_curve(
-                    f,
-                    &format!("refusal by the probe (hidden state at the prompt's last token; configured threshold {}, deciding)", a.refusal_threshold),
-                    &a.refusal_by_probe,
-                )?;
-                write_curve(
-                    f,
-                    "refusal by the first token (probability of starting with the refusal phrase, read on the same answers)",
-                    &a.refusal_by_first_token,
-                )?;
-            } else if a.refusal_by_question.is_empty() {
-                write_curve(
-                    f,
-                    &format!("refusal by the model's judgement (probability of starting with the refusal phrase; configured threshold {})", a.refusal_threshold),
-                    &a.refusal_by_model,
-                )?;
-            } else {
-                write_curve(
-                    f,
-                    &format!("refusal by the pre-question (probability of \"no\"; configured threshold {}, deciding)", a.refusal_threshold),
-                    &a.refusal_by_question,
-                )?;
-                write_curve(
-                    f,
-                    "refusal by the first token (probability of starting with the refusal phrase, read on the same answers)",
-                    &a.refusal_by_first_token,
-                )?;
-                write_curve(
-                    f,
-                    "refusal when either signal reaches the threshold",
-                    &a.refusal_by_either,
-                )?;
-            }
-            if let Some(r) = &a.refusal_by_content {
-                writeln!(
-                    f,
-                    "refusal by content (best sentence score; {} answerable, {} unanswerable): {}",
-                    r.answerable,
-                    r.unanswerable,
-                    r.sweep()
-                )?;
-            }
-            writeln!(
-                f,
-                "{:<8} {:>9} {:>10} {:>12} {:>6} {:>11} {:>10} {:>9} {:>9}",
-                "type",
-                "questions",
-                "answerable",
-                "contain gold",
-                "F1",
-                "degenerate",
-                "extractive",
-                "refused+",
-                "refused-"
-            )?;
-            for (name, t) in &a.by_type {
-                writeln!(
-                    f,
-                    "{:<8} {:>9} {:>10} {:>11.1}% {:>5.1}% {:>10.1}% {:>9.1}% {:>8.1}% {:>8.1}%",
-                    name,
-                    t.questions,
-                    t.answerable,
-                    100.0 * t.contains_gold,
-                    100.0 * t.f1,
-                    100.0 * t.degenerate_before,
-                    100.0 * t.extractive,
-                    100.0 * t.correct_refusal,
-                    100.0 * t.false_refusal
-                )?;
-            }
-            writeln!(
-                f,
-                "{:<38} {:>9} {:>10} {:>9} {:>18} {:>17}",
-                "citations",
-                "citations",
-                "precision",
-                "coverage",
-                "held-out precision",
-                "held-out coverage"
-            )?;
-            for r in &a.attribution {
-                writeln!(
-                    f,
-                    "{:<38} {:>9} {:>9.1}% {:>8.1}% {:>17.1}% {:>16.1}%",
-                    r.setting,
-                    r.citations,
-                    100.0 * r.precision,
-                    100.0 * r.coverage,
-                    100.0 * r.held_out_precision,
-                    100.0 * r.held_out_coverage
-                )?;
-            }
+            write!(f, "{a}")?;
         }
         Ok(())
     }
 }
 
-/// Removes a temporary directory when dropped.
+impl std::fmt::Display for AnswerReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "answers ({} questions: {} answerable, {} unanswerable; {:.1} s each): contain a gold answer {:.1} %, citation precision {:.1} % of {}, coverage {:.1} %, correct refusals {:.1} %, false refusals {:.1} %",
+            self.questions,
+            self.answerable,
+            self.unanswerable,
+            self.mean_seconds,
+            100.0 * self.contains_gold,
+            100.0 * self.citation_precision,
+            self.citations,
+            100.0 * self.citation_coverage,
+            100.0 * self.correct_refusal,
+            100.0 * self.false_refusal
+        )?;
+        writeln!(
+            f,
+            "token F1 {:.1} %; degenerate model text {:.1} % of answers (before the fallback), degenerate final answers {:.1} %; extractive answers {:.1} %",
+            100.0 * self.f1,
+            100.0 * self.degenerate_before,
+            100.0 * self.degenerate_after,
+            100.0 * self.extractive
+        )?;
+        writeln!(
+            f,
+            "time to the first shown text p50 {:.0} ms, p95 {:.0} ms; whole answer p50 {:.0} ms, p95 {:.0} ms ({} answers not refused)",
+            self.first_text_ms.p50, self.first_text_ms.p95, self.total_ms.p50, self.total_ms.p95, self.total_ms.n
+        )?;
+        let g = &self.generation;
+        writeln!(
+            f,
+            "generation: {} tokens in {:.1} s = {:.2} tokens/s (prefill included); prompt-lookup drafts: {} steps, {} of {} draft tokens accepted",
+            g.tokens, g.seconds, g.tokens_per_second, g.draft_steps, g.draft_accepted, g.draft_proposed
+        )?;
+        self.write_refusal(f)?;
+        self.write_tables(f)
+    }
+}
+
+impl AnswerReport {
+    /// The refusal curves of the signals that decided or were read.
+    fn write_refusal(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if !self.refusal_by_probe.is_empty() {
+            write_curve(
+                f,
+                &format!("refusal by the probe (hidden state at the prompt's last token; configured threshold {}, deciding)", self.refusal_threshold),
+                &self.refusal_by_probe,
+            )?;
+            write_curve(
+                f,
+                "refusal by the first token (probability of starting with the refusal phrase, read on the same answers)",
+                &self.refusal_by_first_token,
+            )?;
+        } else if self.refusal_by_question.is_empty() {
+            write_curve(
+                f,
+                &format!("refusal by the model's judgement (probability of starting with the refusal phrase; configured threshold {})", self.refusal_threshold),
+                &self.refusal_by_model,
+            )?;
+        } else {
+            write_curve(
+                f,
+                &format!("refusal by the pre-question (probability of \"no\"; configured threshold {}, deciding)", self.refusal_threshold),
+                &self.refusal_by_question,
+            )?;
+            write_curve(
+                f,
+                "refusal by the first token (probability of starting with the refusal phrase, read on the same answers)",
+                &self.refusal_by_first_token,
+            )?;
+            write_curve(
+                f,
+                "refusal when either signal reaches the threshold",
+                &self.refusal_by_either,
+            )?;
+        }
+        if let Some(r) = &self.refusal_by_content {
+            writeln!(
+                f,
+                "refusal by content (best sentence score; {} answerable, {} unanswerable): {}",
+                r.answerable,
+                r.unanswerable,
+                r.sweep()
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The per-type table and the attribution sweep's.
+    fn write_tables(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "{:<8} {:>9} {:>10} {:>12} {:>6} {:>11} {:>10} {:>9} {:>9}",
+            "type",
+            "questions",
+            "answerable",
+            "contain gold",
+            "F1",
+            "degenerate",
+            "extractive",
+            "refused+",
+            "refused-"
+        )?;
+        for (name, t) in &self.by_type {
+            writeln!(
+                f,
+                "{:<8} {:>9} {:>10} {:>11.1}% {:>5.1}% {:>10.1}% {:>9.1}% {:>8.1}% {:>8.1}%",
+                name,
+                t.questions,
+                t.answerable,
+                100.0 * t.contains_gold,
+                100.0 * t.f1,
+                100.0 * t.degenerate_before,
+                100.0 * t.extractive,
+                100.0 * t.correct_refusal,
+                100.0 * t.false_refusal
+            )?;
+        }
+        writeln!(
+            f,
+            "{:<38} {:>9} {:>10} {:>9} {:>18} {:>17}",
+            "citations",
+            "citations",
+            "precision",
+            "coverage",
+            "held-out precision",
+            "held-out coverage"
+        )?;
+        for r in &self.attribution {
+            writeln!(
+                f,
+                "{:<38} {:>9} {:>9.1}% {:>8.1}% {:>17.1}% {:>16.1}%",
+                r.setting,
+                r.citations,
+                100.0 * r.precision,
+                100.0 * r.coverage,
+                100.0 * r.held_out_precision,
+                100.0 * r.held_out_coverage
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// What an evaluation's temporary index is, removed when the evaluation is dropped.
 pub(crate) enum RemoveOnDrop {
     /// An embedded index's directory.

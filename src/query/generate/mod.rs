@@ -957,6 +957,148 @@ fn dtype(name: &str) -> ModelDType {
     }
 }
 
+/// Where the weights come from (a UQFF directory written earlier replaces the safetensors
+/// it was made from), the in-place quantization to apply, and the UQFF file to write.
+fn weights(
+    config: &GenerationConfig,
+) -> Result<(Source, Option<IsqType>, Option<PathBuf>), GenerateError> {
+    let load_err = |message: String| GenerateError::Load {
+        path: config.model.clone(),
+        message,
+    };
+    let target = Source::resolve(&catalog::resolve(&config.model))?;
+    let isq = config
+        .isq
+        .as_deref()
+        .map(|s| parse_isq_value(s, None))
+        .transpose()
+        .map_err(load_err)?;
+    let target = match (&target, &config.uqff) {
+        // a UQFF directory made earlier: load the quantized weights from it
+        (Source::Safetensors { .. } | Source::Hub { .. }, Some(dir))
+            if uqff_file(dir).is_some() =>
+        {
+            Source::resolve(dir)?
+        }
+        _ => target,
+    };
+    let write_uqff = match (&target, &config.uqff, isq) {
+        (Source::Safetensors { .. } | Source::Hub { .. }, Some(dir), Some(isq)) => {
+            Some(dir.join(format!("{}.uqff", isq_name(isq))))
+        }
+        _ => None,
+    };
+    let isq = match target {
+        Source::Uqff { .. } => None,
+        _ => isq,
+    };
+    if isq.is_some() && matches!(target, Source::Gguf { .. }) {
+        return Err(load_err(
+            "generation.isq applies to safetensors models; a GGUF file is quantized already".into(),
+        ));
+    }
+    Ok((target, isq, write_uqff))
+}
+
+/// The vendored engine's process-wide settings (vendor/PATCHES.md): docent's CPU kernels
+/// and their threads, the prefix cache's bound, the KV cache's type, prompt-lookup drafts,
+/// continuous batching, chunked prefill and the cohort schedule.
+fn install_engine_settings(config: &GenerationConfig) {
+    cpu_kernels::init_threads(config.threads);
+    // an ISQ model's weights are re-quantised after load, from the file's layout
+    let repack = config.repack && config.isq.is_none();
+    cpu_kernels::install(config.kernels == "docent", &config.isa, repack);
+    mistralrs::core::set_prefix_cache_limit_bytes(config.prefix_cache_mib << 20);
+    mistralrs::core::set_cpu_kv_cache_f16(config.kv_cache == "f16");
+    // drafts are asked for per request (`Generator::send`); the proposer is the same
+    mistralrs::core::set_draft_proposer(Some(lookup::propose));
+    // Continuous batching needs each sequence's own cache: not with a draft model, whose
+    // speculative steps manage the caches themselves (the pipeline declines it anyway).
+    let batching = config.continuous_batching && config.draft.is_none();
+    mistralrs::core::set_cpu_continuous_batching(batching);
+    mistralrs::core::set_cpu_prefill_chunk(if batching {
+        config.prefill_chunk_tokens
+    } else {
+        0
+    });
+    mistralrs::core::set_cpu_cohort_scheduling(match config.schedule {
+        Schedule::Cohort if batching => COHORT_ADMIT_BELOW,
+        _ => 0,
+    });
+}
+
+/// The engine's pipeline for `loader` on the configured device and dtype (blocking work,
+/// off the async threads).
+async fn load_pipeline(
+    config: &GenerationConfig,
+    loader: Box<dyn Loader>,
+    isq: Option<IsqType>,
+) -> Result<Arc<tokio::sync::Mutex<dyn mistralrs::core::Pipeline + Send + Sync>>, String> {
+    let device_choice: device::DeviceChoice = config
+        .device
+        .parse()
+        .map_err(|e| format!("generation.device {e}"))?;
+    let dtype = dtype(&config.dtype);
+    let dtype_is_f32 = config.dtype == "f32";
+    tokio::task::spawn_blocking(move || {
+        let device = device_choice.select()?;
+        if !device.is_cpu() && dtype_is_f32 {
+            tracing::warn!(
+                "generation.dtype = \"f32\" on a GPU: attention and the KV cache run in F32; \
+                 \"auto\" (BF16 on recent GPUs) is faster"
+            );
+        }
+        loader
+            .load_model_from_hf(
+                None,
+                TokenSource::None,
+                &dtype,
+                &device,
+                true,
+                DeviceMapSetting::Auto(AutoDeviceMapParams::default_text()),
+                isq,
+                None,
+            )
+            .map_err(|e| format!("{e:#}"))
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+/// The loaded model's tokenizer as docent uses it: text to ids, ids to text, its context
+/// length and whether it has a chat template.
+struct Tokenizer {
+    ids: Encoder,
+    text: Decoder,
+    context_tokens: usize,
+    has_template: bool,
+}
+
+impl Tokenizer {
+    fn of(p: &(dyn mistralrs::core::Pipeline + Send + Sync)) -> Result<Self, String> {
+        let tokenizer = p
+            .tokenizer()
+            .ok_or_else(|| "the model has no tokenizer".to_string())?;
+        let decoding = tokenizer.clone();
+        let text: Decoder =
+            Arc::new(move |ids: &[u32]| decoding.decode(ids, true).unwrap_or_default());
+        let ids: Encoder = Arc::new(move |text: &str| {
+            tokenizer
+                .encode(text, false)
+                .map(|e| e.get_ids().to_vec())
+                .unwrap_or_default()
+        });
+        Ok(Tokenizer {
+            ids,
+            text,
+            context_tokens: p.get_metadata().max_seq_len,
+            has_template: p
+                .get_chat_template()
+                .is_some_and(|t| t.chat_template.is_some()),
+        })
+    }
+}
+
 impl Generator {
     /// Loads the model named in `config`, with its draft model when speculative decoding
     /// is configured (blocking work; call before serving).
@@ -966,39 +1108,8 @@ impl Generator {
             path: path.clone(),
             message,
         };
-        let target = Source::resolve(&catalog::resolve(&config.model))?;
-        let isq = config
-            .isq
-            .as_deref()
-            .map(|s| parse_isq_value(s, None))
-            .transpose()
-            .map_err(load_err)?;
-        let target = match (&target, &config.uqff) {
-            // a UQFF directory made earlier: load the quantized weights from it
-            (Source::Safetensors { .. } | Source::Hub { .. }, Some(dir))
-                if uqff_file(dir).is_some() =>
-            {
-                Source::resolve(dir)?
-            }
-            _ => target,
-        };
+        let (target, isq, write_uqff) = weights(config)?;
         let passages = passage_cache(config, &target);
-        let write_uqff = match (&target, &config.uqff, isq) {
-            (Source::Safetensors { .. } | Source::Hub { .. }, Some(dir), Some(isq)) => {
-                Some(dir.join(format!("{}.uqff", isq_name(isq))))
-            }
-            _ => None,
-        };
-        let isq = match target {
-            Source::Uqff { .. } => None,
-            _ => isq,
-        };
-        if isq.is_some() && matches!(target, Source::Gguf { .. }) {
-            return Err(load_err(
-                "generation.isq applies to safetensors models; a GGUF file is quantized already"
-                    .into(),
-            ));
-        }
         // the refusal probe first: one for another model file stops the start-up at once
         let (refusal_check, probe) = refusal_signal(config).map_err(load_err)?;
         let loader = target.loader(write_uqff.clone())?;
@@ -1010,60 +1121,9 @@ impl Generator {
             }),
             None => loader,
         };
-        cpu_kernels::init_threads(config.threads);
-        // an ISQ model's weights are re-quantised after load, from the file's layout
-        let repack = config.repack && config.isq.is_none();
-        cpu_kernels::install(config.kernels == "docent", &config.isa, repack);
-        mistralrs::core::set_prefix_cache_limit_bytes(config.prefix_cache_mib << 20);
-        mistralrs::core::set_cpu_kv_cache_f16(config.kv_cache == "f16");
-        // drafts are asked for per request (`Generator::send`); the proposer is the same
-        mistralrs::core::set_draft_proposer(Some(lookup::propose));
-        // Continuous batching needs each sequence's own cache: not with a draft model, whose
-        // speculative steps manage the caches themselves (the pipeline declines it anyway).
-        let batching = config.continuous_batching && config.draft.is_none();
-        mistralrs::core::set_cpu_continuous_batching(batching);
-        mistralrs::core::set_cpu_prefill_chunk(if batching {
-            config.prefill_chunk_tokens
-        } else {
-            0
-        });
-        mistralrs::core::set_cpu_cohort_scheduling(match config.schedule {
-            Schedule::Cohort if batching => COHORT_ADMIT_BELOW,
-            _ => 0,
-        });
-        let device_choice: device::DeviceChoice = config
-            .device
-            .parse()
-            .map_err(|e| load_err(format!("generation.device {e}")))?;
-        let dtype = dtype(&config.dtype);
-        let max_num_seqs = NonZeroUsize::new(config.max_num_seqs).unwrap_or(NonZeroUsize::MIN);
-
-        let dtype_is_f32 = config.dtype == "f32";
+        install_engine_settings(config);
         let started = Instant::now();
-        let pipeline = tokio::task::spawn_blocking(move || {
-            let device = device_choice.select()?;
-            if !device.is_cpu() && dtype_is_f32 {
-                tracing::warn!(
-                    "generation.dtype = \"f32\" on a GPU: attention and the KV cache run in F32; \
-                     \"auto\" (BF16 on recent GPUs) is faster"
-                );
-            }
-            loader
-                .load_model_from_hf(
-                    None,
-                    TokenSource::None,
-                    &dtype,
-                    &device,
-                    true,
-                    DeviceMapSetting::Auto(AutoDeviceMapParams::default_text()),
-                    isq,
-                    None,
-                )
-                .map_err(|e| format!("{e:#}"))
-        })
-        .await
-        .map_err(|e| load_err(e.to_string()))?
-        .map_err(load_err)?;
+        let pipeline = load_pipeline(config, loader, isq).await.map_err(load_err)?;
         let load_ms = started.elapsed().as_secs_f64() * 1e3;
         tracing::info!(
             model = %config.model.display(),
@@ -1073,42 +1133,8 @@ impl Generator {
             draft = ?config.draft.as_ref().map(|d| &d.model),
             "generation model loaded"
         );
-
-        let (encode, ids, text, context_tokens, has_template) = {
-            let p = pipeline.lock().await;
-            let tokenizer = p
-                .tokenizer()
-                .ok_or_else(|| load_err("the model has no tokenizer".into()))?;
-            let decoding = tokenizer.clone();
-            let text: Decoder =
-                Arc::new(move |ids: &[u32]| decoding.decode(ids, true).unwrap_or_default());
-            let ids: Encoder = Arc::new(move |text: &str| {
-                tokenizer
-                    .encode(text, false)
-                    .map(|e| e.get_ids().to_vec())
-                    .unwrap_or_default()
-            });
-            let count = ids.clone();
-            let encode = move |text: &str| {
-                let n = count(text).len();
-                // an encoding failure still has to count: assume a token per byte
-                if n == 0 {
-                    text.len()
-                } else {
-                    n
-                }
-            };
-            let has_template = p
-                .get_chat_template()
-                .is_some_and(|t| t.chat_template.is_some());
-            (
-                encode,
-                ids,
-                text,
-                p.get_metadata().max_seq_len,
-                has_template,
-            )
-        };
+        let tokenizer = Tokenizer::of(&*pipeline.lock().await).map_err(load_err)?;
+        let max_num_seqs = NonZeroUsize::new(config.max_num_seqs).unwrap_or(NonZeroUsize::MIN);
         let runner = MistralRsBuilder::new(
             pipeline,
             SchedulerConfig::DefaultScheduler {
@@ -1125,7 +1151,17 @@ impl Generator {
         .await;
         let model = Model::new(runner);
         // a model without a chat template (a base model) only serves raw completions
-        let tokens = if has_template {
+        let count = tokenizer.ids.clone();
+        let encode = move |text: &str| {
+            let n = count(text).len();
+            // an encoding failure still has to count: assume a token per byte
+            if n == 0 {
+                text.len()
+            } else {
+                n
+            }
+        };
+        let tokens = if tokenizer.has_template {
             template_overhead(&model, encode)
                 .await
                 .map_err(|e| load_err(format!("measuring the chat template: {e}")))?
@@ -1133,10 +1169,10 @@ impl Generator {
             TokenCounter::new(encode, 0, 0)
         };
         let context_tokens = match config.context_tokens {
-            0 => context_tokens,
-            n => n.min(context_tokens),
+            0 => tokenizer.context_tokens,
+            n => n.min(tokenizer.context_tokens),
         };
-        let refusal_tokens = first_tokens(&config.refusal_phrase, ids.as_ref());
+        let ids = tokenizer.ids;
         let word_tokens = |words: &[&str]| {
             let mut t: Vec<u32> = words
                 .iter()
@@ -1146,13 +1182,6 @@ impl Generator {
             t.dedup();
             t
         };
-        let yes_tokens = word_tokens(&["yes", "Yes", "YES"]);
-        let no_tokens = word_tokens(&["no", "No", "NO"]);
-        let lead_masked = if config.lead_with_marker {
-            Vec::new()
-        } else {
-            word_tokens(&["[", "[1]", "[[", "[\n"])
-        };
         Ok(Generator {
             model,
             path,
@@ -1160,15 +1189,19 @@ impl Generator {
             context_tokens,
             counters: Arc::default(),
             load_ms,
-            ids,
-            text,
-            refusal_tokens,
+            refusal_tokens: first_tokens(&config.refusal_phrase, ids.as_ref()),
             refusal_threshold: config.refusal_threshold,
             refusal_check,
             probe,
-            lead_masked,
-            yes_tokens,
-            no_tokens,
+            lead_masked: if config.lead_with_marker {
+                Vec::new()
+            } else {
+                word_tokens(&["[", "[1]", "[[", "[\n"])
+            },
+            yes_tokens: word_tokens(&["yes", "Yes", "YES"]),
+            no_tokens: word_tokens(&["no", "No", "NO"]),
+            ids,
+            text: tokenizer.text,
             // by default a draft model's pipeline runs its own steps; drafts of both kinds
             // never mix in one request
             drafts: Drafts {
