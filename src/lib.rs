@@ -19,6 +19,10 @@
 //! Ingest (load → split → embed → store) is the `docent-ingest` crate; the store (one
 //! interface, an embedded and a server engine) is the `docent-store` crate.
 
+// No function over 120 lines of code (clippy.toml); tests aside.
+#![warn(clippy::too_many_lines)]
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 pub mod cli;
 pub mod config;
 pub mod metrics;

@@ -1,6 +1,10 @@
 //! The `docent` command: runs the subcommands defined in `docent::cli` (`serve`, `ingest`,
 //! `ask`, `eval`, `bench`, …).
 
+// No function over 120 lines of code (clippy.toml); tests aside.
+#![warn(clippy::too_many_lines)]
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;

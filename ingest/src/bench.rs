@@ -85,6 +85,8 @@ pub struct RawSession {
 }
 
 impl RawSession {
+    /// The model directory's ONNX session alone, on `threads` threads, with ONNX Runtime from
+    /// `ort_library`.
     pub fn load(model_dir: &Path, ort_library: &Path, threads: usize) -> Result<Self> {
         let env = init_onnx_runtime(ort_library)?;
         let mut builder = Session::builder(&env)

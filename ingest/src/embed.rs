@@ -49,8 +49,11 @@ pub struct EmbedderConfig {
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Bm25Settings {
+    /// Term-frequency saturation (1.2 is usual): how quickly repeats of a term stop adding.
     pub k1: f64,
+    /// Length normalisation, 0 (none) to 1 (full; 0.75 is usual).
     pub b: f64,
+    /// The neutral chunk length in BM25 tokens (see above).
     pub avg_len: f64,
 }
 
@@ -125,6 +128,8 @@ fn read_model_file(dir: &Path, name: &str) -> Result<Vec<u8>> {
 }
 
 impl Embedder {
+    /// Loads the ONNX model, its tokenizer and ONNX Runtime as `config` says; fails with a
+    /// message that names the missing file.
     pub fn load(config: EmbedderConfig) -> Result<Self> {
         // Check every file before touching ONNX Runtime.
         let files: Vec<Vec<u8>> = MODEL_FILES
@@ -193,6 +198,7 @@ impl Embedder {
         &self.model_sha256
     }
 
+    /// The settings this embedder was loaded with.
     pub fn config(&self) -> &EmbedderConfig {
         &self.config
     }

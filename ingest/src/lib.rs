@@ -13,6 +13,11 @@
 //! and the HTTP service both call it. The query path reuses [`embed::Embedder`] and
 //! [`store::Store`] and never re-implements them.
 
+// No function over 120 lines of code (clippy.toml); tests aside.
+#![warn(missing_docs)]
+#![warn(clippy::too_many_lines)]
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 pub mod bench;
 pub mod embed;
 pub mod error;

@@ -18,26 +18,44 @@ use crate::{Error, Result};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// New or changed content was written; older versions of the same source removed.
-    Ingested { document_id: String, chunks: usize },
+    Ingested {
+        /// The content id.
+        document_id: String,
+        /// Chunks written.
+        chunks: usize,
+    },
     /// This exact content is already in the index under this source.
-    Unchanged { document_id: String },
+    Unchanged {
+        /// The content id.
+        document_id: String,
+    },
     /// This exact content was already stored under another source: nothing was embedded
     /// or written again, the source was added to the stored document.
-    Deduplicated { document_id: String, chunks: usize },
+    Deduplicated {
+        /// The content id.
+        document_id: String,
+        /// Chunks of the stored document.
+        chunks: usize,
+    },
 }
 
 /// Summary of one ingest run.
 #[derive(Debug, Default)]
 pub struct Report {
+    /// Documents written, by source.
     pub ingested: Vec<(String, Outcome)>,
+    /// Documents whose content was already stored under the same source.
     pub unchanged: Vec<(String, Outcome)>,
+    /// Documents whose content was already stored under another source.
     pub deduplicated: Vec<(String, Outcome)>,
+    /// Files that could not be ingested, with the reason.
     pub failed: Vec<(PathBuf, String)>,
     /// Files in the given directories whose type is not supported.
     pub skipped: Vec<PathBuf>,
 }
 
 impl Report {
+    /// Chunks written by this run (the unchanged and deduplicated documents write none).
     pub fn chunks_written(&self) -> usize {
         self.ingested
             .iter()
@@ -252,6 +270,7 @@ pub struct Ingestor {
 }
 
 impl Ingestor {
+    /// The pipeline over these stages; `config` sets the workers and queue depths.
     pub fn new(
         splitter: Splitter,
         embedder: Arc<Embedder>,

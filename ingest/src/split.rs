@@ -18,10 +18,13 @@ pub const SPECIAL_TOKENS: usize = 2;
 /// One chunk of a document.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chunk {
+    /// Its position among the document's chunks, from 0.
     pub index: usize,
+    /// The chunk's text, a slice of the document's.
     pub text: String,
     /// Byte range in [`Document::text`]: `&doc.text[start..end] == text`.
     pub start: usize,
+    /// End of the byte range (exclusive).
     pub end: usize,
     /// The Markdown headings in force where the chunk starts, outermost first, joined by
     /// ` › ` (empty for plain text and before the first heading): the section the chunk
@@ -99,10 +102,12 @@ impl Splitter {
         }
     }
 
+    /// Largest chunk, in embedding-model tokens.
     pub fn max_tokens(&self) -> usize {
         self.max_tokens
     }
 
+    /// Tokens neighbouring chunks share.
     pub fn overlap(&self) -> usize {
         self.overlap
     }

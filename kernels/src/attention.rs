@@ -72,17 +72,29 @@ pub struct AttentionArgs<'a, KV = f32> {
     /// Query, key and value data, each indexed as `b * s[0] + pos * s[1] + head * s[2] + d`
     /// with the given strides `s` (elements); the head_dim axis is contiguous.
     pub q: &'a [f32],
+    /// Keys (see `q`).
     pub k: &'a [KV],
+    /// Values (see `q`).
     pub v: &'a [KV],
+    /// Strides of `q` over (batch, position, head), in elements.
     pub q_strides: [usize; 3],
+    /// Strides of `k`.
     pub k_strides: [usize; 3],
+    /// Strides of `v`.
     pub v_strides: [usize; 3],
+    /// Sequences in the batch.
     pub batch: usize,
+    /// Query positions per sequence.
     pub q_len: usize,
+    /// Key and value positions per sequence (the queries are the last `q_len`).
     pub kv_len: usize,
+    /// Query heads.
     pub n_heads: usize,
+    /// Key and value heads (grouped-query attention: `n_heads` is a multiple).
     pub n_kv_heads: usize,
+    /// Elements per head.
     pub head_dim: usize,
+    /// Factor applied to each query-key product (usually `1/sqrt(head_dim)`).
     pub scale: f32,
     /// Logit soft-capping: `s = softcap * tanh(s / softcap)` when `softcap != 0.0`.
     pub softcap: f32,

@@ -23,6 +23,7 @@ pub enum Isa {
 }
 
 impl Isa {
+    /// The level's name, as `generation.isa` and the reports spell it.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",

@@ -15,6 +15,8 @@
 //! Work is spread over rayon's global pool, which docent sizes from `generation.threads`: the
 //! matmuls and the attention share that one pool.
 
+#![warn(missing_docs)]
+
 pub mod attention;
 pub mod cpu;
 pub mod matmul;

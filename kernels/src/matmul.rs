@@ -105,9 +105,13 @@ impl Interleaved {
 /// A weight matrix: `rows` rows of `cols` elements in GGML type `ggml_type`.
 #[derive(Debug, Clone, Copy)]
 pub struct WeightView<'a> {
+    /// The GGML type id ([`crate::quant::ggml`]).
     pub ggml_type: u32,
+    /// Output features.
     pub rows: usize,
+    /// Input features (a multiple of the format's block size).
     pub cols: usize,
+    /// The rows' bytes, in the file's layout (or the repacked one).
     pub data: &'a [u8],
 }
 

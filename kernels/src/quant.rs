@@ -22,30 +22,47 @@ use half::f16;
 
 /// GGML type ids (as in GGUF files).
 pub mod ggml {
+    /// 32-bit floats.
     pub const F32: u32 = 0;
+    /// 16-bit floats.
     pub const F16: u32 = 1;
+    /// 4-bit blocks of 32 with a scale.
     pub const Q4_0: u32 = 2;
+    /// 4-bit blocks of 32 with a scale and a minimum.
     pub const Q4_1: u32 = 3;
+    /// 5-bit blocks of 32 with a scale.
     pub const Q5_0: u32 = 6;
+    /// 8-bit blocks of 32 with a scale.
     pub const Q8_0: u32 = 8;
+    /// 4-bit super-blocks of 256 with 6-bit sub-block scales and minimums.
     pub const Q4_K: u32 = 12;
+    /// 6-bit super-blocks of 256 with 8-bit sub-block scales.
     pub const Q6_K: u32 = 14;
 }
 
 /// The formats the kernels implement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
+    /// [`ggml::F32`].
     F32,
+    /// [`ggml::F16`].
     F16,
+    /// [`ggml::Q4_0`].
     Q4_0,
+    /// [`ggml::Q4_1`].
     Q4_1,
+    /// [`ggml::Q5_0`].
     Q5_0,
+    /// [`ggml::Q8_0`].
     Q8_0,
+    /// [`ggml::Q4_K`].
     Q4K,
+    /// [`ggml::Q6_K`].
     Q6K,
 }
 
 impl Format {
+    /// Every format.
     pub const ALL: [Format; 8] = [
         Format::F32,
         Format::F16,
@@ -72,6 +89,7 @@ impl Format {
         })
     }
 
+    /// Its GGML type id.
     pub fn ggml_id(self) -> u32 {
         match self {
             Format::F32 => ggml::F32,
@@ -85,6 +103,7 @@ impl Format {
         }
     }
 
+    /// Its name as GGUF tools write it (`Q4_K`, …).
     pub fn name(self) -> &'static str {
         match self {
             Format::F32 => "F32",
@@ -259,9 +278,13 @@ pub fn q5_0_as_q8_0(data: &[u8]) -> Option<Vec<u8>> {
 /// the scale `d`, `s = d·Σq` and `Σq`.
 #[derive(Debug, Default)]
 pub struct Q8Rows {
+    /// Elements per row.
     pub cols: usize,
+    /// The quantised values, row after row.
     pub qs: Vec<i8>,
+    /// Each block's scale.
     pub d: Vec<f32>,
+    /// Each block's `d·Σq`.
     pub s: Vec<f32>,
     /// Each block's `Σq` (for the interleaved Q5_0 layout, whose values are stored `+ 16`).
     pub sums: Vec<i32>,
@@ -274,9 +297,13 @@ pub struct Q8Rows {
 /// sums of each 16 consecutive quantised values.
 #[derive(Debug, Default)]
 pub struct Q8KRows {
+    /// Elements per row.
     pub cols: usize,
+    /// The quantised values, row after row.
     pub qs: Vec<i8>,
+    /// Each block's scale.
     pub d: Vec<f32>,
+    /// Sums of each 16 consecutive quantised values.
     pub bsums: Vec<i16>,
 }
 

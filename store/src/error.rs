@@ -14,18 +14,27 @@ pub enum Error {
     Incompatible(String),
     /// Stored data that does not parse.
     #[error("vector store: malformed {what}: {detail}")]
-    Malformed { what: &'static str, detail: String },
+    Malformed {
+        /// What was read (a payload, the catalog, a format marker).
+        what: &'static str,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// A write that another replica took for a dead one's and rolled back: it made no
     /// progress for longer than the index's stale time. Nothing of it is shown.
     #[error("vector store: {0}")]
     TakenOver(String),
+    /// Reading or writing the index's files failed.
     #[error("{path}: {source}")]
     Io {
+        /// The file or directory.
         path: std::path::PathBuf,
+        /// What the system said.
         source: std::io::Error,
     },
 }
 
+/// The store crate's result.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {

@@ -17,9 +17,13 @@ pub type Payload = serde_json::Map<String, Value>;
 /// sparse (`bm25`, IDF applied by the engine) vector, and a payload.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Point {
+    /// Its id ([`crate::point_id`] of the chunk).
     pub id: u64,
+    /// The dense embedding.
     pub dense: Vec<f32>,
+    /// The BM25 term weights.
     pub sparse: SparseVector,
+    /// The chunk's payload ([`crate::ChunkPayload`] as JSON).
     pub payload: Payload,
 }
 
@@ -27,7 +31,9 @@ pub struct Point {
 /// elements) equals one of `any_of`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Keyword {
+    /// The payload field.
     pub field: &'static str,
+    /// The values it may equal.
     pub any_of: Vec<String>,
 }
 
@@ -35,7 +41,9 @@ pub struct Keyword {
 /// one does. The empty filter selects every point.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Filter {
+    /// Conditions that must all hold.
     pub must: Vec<Keyword>,
+    /// Conditions none of which may hold.
     pub must_not: Vec<Keyword>,
 }
 
@@ -71,6 +79,7 @@ impl Filter {
         self
     }
 
+    /// Whether it selects every point.
     pub fn is_empty(&self) -> bool {
         self.must.is_empty() && self.must_not.is_empty()
     }
@@ -79,30 +88,41 @@ impl Filter {
 /// A search: the question's vectors, how to rank, how many, over which points.
 #[derive(Debug, Clone)]
 pub struct SearchRequest {
+    /// The question's dense embedding.
     pub dense: Vec<f32>,
+    /// The question's BM25 terms.
     pub sparse: SparseVector,
+    /// Dense, sparse or both fused.
     pub mode: SearchMode,
     /// Hybrid fusion (method, weights, candidate depth) and optional MMR.
     pub fusion: Fusion,
     /// How the dense ranking is searched.
     pub ann: Ann,
+    /// How many results.
     pub limit: usize,
+    /// Over which points.
     pub filter: Filter,
+    /// Whether results carry their payloads.
     pub with_payload: bool,
 }
 
 /// A search result: point id, score, and the payload when asked for.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scored {
+    /// The point's id.
     pub id: u64,
+    /// Its score in the ranking (cosine, BM25 or fused).
     pub score: f32,
+    /// Its payload, when asked for.
     pub payload: Option<Payload>,
 }
 
 /// A point read back by id or by scrolling.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Record {
+    /// The point's id.
     pub id: u64,
+    /// Its payload.
     pub payload: Payload,
 }
 

@@ -12,6 +12,11 @@
 //!
 //! Not here: embedding (the ingest crate's `embed` stage) and HTTP (the service).
 
+// No function over 120 lines of code (clippy.toml); tests aside.
+#![warn(missing_docs)]
+#![warn(clippy::too_many_lines)]
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 pub mod edge;
 pub mod error;
 pub mod index;
@@ -32,7 +37,10 @@ pub use types::*;
 #[derive(Debug, Clone)]
 pub enum Location<'a> {
     /// The embedded engine in a directory.
-    Edge { dir: &'a Path },
+    Edge {
+        /// The directory.
+        dir: &'a Path,
+    },
     /// A Qdrant server.
     Qdrant(qdrant::QdrantOptions),
 }

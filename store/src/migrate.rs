@@ -25,7 +25,9 @@ pub struct Copied {
 
 /// Progress: points copied so far (this run and earlier ones) out of the source's total.
 pub trait Progress: Send + Sync {
+    /// The copy begins: `total` points in the source, `already` in the target.
     fn start(&self, _total: usize, _already: usize) {}
+    /// `points` more were copied.
     fn advance(&self, _points: usize) {}
 }
 

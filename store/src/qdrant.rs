@@ -37,6 +37,7 @@ use crate::{Error, Result};
 pub struct QdrantOptions {
     /// gRPC URL (`http://host:6334`; `https://` for TLS with the system's roots).
     pub url: String,
+    /// The server's API key, if it wants one.
     pub api_key: Option<String>,
     /// Collection of the chunks; the catalog is `<collection>_catalog`.
     pub collection: String,

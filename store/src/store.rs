@@ -70,12 +70,16 @@ pub(crate) const EPOCH: &str = "epoch";
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Identity {
     #[serde(default)]
+    /// The index format's version (this build writes [`FORMAT`]).
     pub format: u32,
+    /// SHA-256 of the embedding model file the vectors came from.
     pub embedding_model_sha256: String,
+    /// Dimension of the dense vectors.
     pub dim: usize,
 }
 
 impl Identity {
+    /// This build's format with the given model and dimension.
     pub fn new(embedding_model_sha256: &str, dim: usize) -> Self {
         Identity {
             format: FORMAT,
@@ -786,6 +790,7 @@ impl Store {
         self.index.count(&Filter::default()).await
     }
 
+    /// Whether the index holds no chunk.
     pub async fn is_empty(&self) -> Result<bool> {
         Ok(self.len().await? == 0)
     }

@@ -4,23 +4,30 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+/// Name of the dense vector in the engine.
 pub const DENSE: &str = "dense";
+/// Name of the sparse (BM25) vector in the engine.
 pub const SPARSE: &str = "bm25";
 
 /// Byte range in the extracted document text.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Span {
+    /// First byte.
     pub start: usize,
+    /// End (exclusive).
     pub end: usize,
 }
 
 /// What is stored with every chunk.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChunkPayload {
+    /// The document's content id (hex SHA-256 of its text).
     pub document_id: String,
     /// The first source that holds this content (cited); every one is in `origins`.
     pub source: String,
+    /// The document's title.
     pub title: String,
+    /// The chunk's position in the document, from 0.
     pub chunk_index: usize,
     /// Number of chunks of the document (a complete document has them all).
     #[serde(default)]
@@ -32,9 +39,12 @@ pub struct ChunkPayload {
     /// 1-based page the chunk starts on, for paged formats (PDF).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub page: Option<u32>,
+    /// Where the chunk's text lies in the document's text.
     pub span: Span,
+    /// The chunk's text.
     pub text: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The first source's collection.
     pub collection: Option<String>,
     /// Tags of every origin (for filters).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -46,16 +56,20 @@ pub struct ChunkPayload {
     #[serde(default)]
     pub sources: Vec<String>,
     #[serde(default)]
+    /// `origins`' collections.
     pub collections: Vec<String>,
 }
 
 /// One source of a document and the metadata it was ingested with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Origin {
+    /// Where the document came from (a path or an upload's name).
     pub source: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The collection it was ingested into.
     pub collection: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// The tags it was ingested with.
     pub tags: Vec<String>,
 }
 
@@ -129,8 +143,10 @@ pub enum SearchMode {
 }
 
 impl SearchMode {
+    /// Every mode, in the order reports list them.
     pub const ALL: [SearchMode; 3] = [SearchMode::Dense, SearchMode::Sparse, SearchMode::Hybrid];
 
+    /// The mode's name in the configuration and the API.
     pub fn name(self) -> &'static str {
         match self {
             SearchMode::Dense => "dense",
@@ -153,8 +169,10 @@ pub const RRF_K: usize = 60;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FusionMethod {
+    /// Weighted reciprocal rank fusion.
     Rrf,
     #[default]
+    /// Distribution-based score fusion (the default).
     Dbsf,
 }
 
@@ -168,8 +186,11 @@ pub struct Fusion {
     /// then multiplied by the ranking's weight and summed).
     #[serde(default)]
     pub method: FusionMethod,
+    /// RRF's k ([`RRF_K`] by default).
     pub rrf_k: usize,
+    /// Weight of the dense ranking.
     pub dense_weight: f32,
+    /// Weight of the BM25 ranking.
     pub sparse_weight: f32,
     /// Each ranking contributes its top `limit × candidates`.
     #[serde(default = "default_candidates")]
@@ -310,7 +331,9 @@ fn dbsf_range(list: &[(u64, f32)]) -> (f32, f32) {
 /// A search result.
 #[derive(Debug, Clone)]
 pub struct Hit {
+    /// The chunk.
     pub payload: ChunkPayload,
+    /// Its score in the final ranking.
     pub score: f32,
 }
 
@@ -331,14 +354,20 @@ pub struct SearchFilter {
 /// A stored document, as listed by [`crate::Store::documents`].
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DocumentInfo {
+    /// The content id.
     pub id: String,
+    /// The first source (cited).
     pub source: String,
+    /// The title.
     pub title: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    /// The first source's collection.
     pub collection: Option<String>,
+    /// Tags of every source.
     pub tags: Vec<String>,
     /// Every source holding this content (identical files are stored once).
     pub sources: Vec<String>,
+    /// Chunks stored.
     pub chunks: usize,
     /// How many chunks the document was split into; `chunks == chunks_total` when complete.
     pub chunks_total: usize,
@@ -347,21 +376,27 @@ pub struct DocumentInfo {
 /// One version of a document: its content id at a source.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Version {
+    /// The content id.
     pub document_id: String,
+    /// The source.
     pub source: String,
 }
 
 /// A sparse vector (BM25 term weights): term ids and their weights, ids ascending.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SparseVector {
+    /// Term ids, ascending.
     pub indices: Vec<u32>,
+    /// Their weights.
     pub values: Vec<f32>,
 }
 
 /// Dense and sparse vectors of one text (a chunk or a question).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Embedding {
+    /// The dense embedding.
     pub dense: Vec<f32>,
+    /// The BM25 term weights.
     pub sparse: SparseVector,
 }
 

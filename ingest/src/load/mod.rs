@@ -20,7 +20,9 @@ use crate::{Error, Result};
 /// How a document's text is structured; decides which splitter is used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
+    /// Plain text: split on paragraphs and sentences.
     Text,
+    /// Markdown (and HTML and DOCX, converted to it): split on headings first.
     Markdown,
 }
 
@@ -58,13 +60,18 @@ pub struct Document {
     pub id: String,
     /// Where the document came from (an absolute path for files).
     pub source: String,
+    /// The document's title: a Markdown (or converted HTML, DOCX) document's first heading
+    /// or the HTML `<title>`, else the file name without its extension.
     pub title: String,
+    /// The extracted text (UTF-8, no byte-order mark).
     pub text: String,
+    /// How the text is structured (decides the splitter).
     pub format: Format,
     /// Byte offsets in `text` where pages 1, 2, … start (empty when the format has no pages).
     pub page_starts: Vec<usize>,
     /// Optional grouping given at upload time, stored with every chunk for filtering.
     pub collection: Option<String>,
+    /// Optional labels given at upload time, stored with every chunk for filtering.
     pub tags: Vec<String>,
 }
 
