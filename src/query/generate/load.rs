@@ -331,7 +331,7 @@ impl Generator {
             message,
         };
         let (target, isq, write_uqff) = weights(config)?;
-        let mut passages = passage_cache(config, &target);
+        let passages = passage_cache(config, &target);
         // the refusal probe first: one for another model file stops the start-up at once
         let (refusal_check, probe) = refusal_signal(config).map_err(load_err)?;
         let loader = target.loader(write_uqff.clone())?;
@@ -355,16 +355,11 @@ impl Generator {
             draft = ?config.draft.as_ref().map(|d| &d.model),
             "generation model loaded"
         );
-        let tokenizer = Tokenizer::of(&*pipeline.lock().await).map_err(load_err)?;
-        // blocks are placed only on the CPU's continuous-batching path (a GGUF llama-family
-        // model on the CPU): elsewhere (a GPU) they would be computed and never placed
-        if passages.is_some() && !pipeline.lock().await.ragged_batching() {
-            tracing::warn!(
-                device = %config.device,
-                "generation.passage_reuse needs a GGUF model on the CPU (blocks are placed by its continuous batching): prompts are prefilled whole (set passage_reuse = \"off\" to silence this)"
-            );
-            passages = None;
-        }
+        let (tokenizer, ragged) = {
+            let p = pipeline.lock().await;
+            (Tokenizer::of(&*p).map_err(load_err)?, p.ragged_batching())
+        };
+        let passages = placeable(config, passages, ragged);
         let max_num_seqs = NonZeroUsize::new(config.max_num_seqs).unwrap_or(NonZeroUsize::MIN);
         let runner = MistralRsBuilder::new(
             pipeline,
@@ -449,4 +444,22 @@ impl Generator {
             passages,
         })
     }
+}
+
+/// `passages`, unless the pipeline does not batch raggedly: blocks are placed only on the
+/// CPU's continuous-batching path (a GGUF llama-family model on the CPU), and elsewhere (a
+/// GPU) they would be computed and never placed, so reuse is off there, with a warning.
+fn placeable(
+    config: &GenerationConfig,
+    passages: Option<Arc<reuse::PassageCache>>,
+    ragged: bool,
+) -> Option<Arc<reuse::PassageCache>> {
+    if passages.is_some() && !ragged {
+        tracing::warn!(
+            device = %config.device,
+            "generation.passage_reuse needs a GGUF model on the CPU (blocks are placed by its continuous batching): prompts are prefilled whole (set passage_reuse = \"off\" to silence this)"
+        );
+        return None;
+    }
+    passages
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
-use docent_ingest::bench::{batch_tokenizer, tokenize, RawSession};
+use docent_ingest::bench::{batch_tokenizer, tokenize, Batch, RawSession};
 use docent_ingest::load;
 use docent_ingest::pipeline::Silent;
 use serde::Serialize;
@@ -103,59 +103,12 @@ pub fn ingest(config: &Config, corpus: &Path, peer: Option<&Peer>) -> anyhow::Re
     let split_seconds = start.elapsed().as_secs_f64();
     drop(ingestor);
     drop(index);
-    // batched per document, in the order the pipeline embeds them
-    let tok = batch_tokenizer(&e.model_dir, e.max_length)?;
-    let mut batches = Vec::new();
-    for doc in &texts {
-        batches.extend(tokenize(&tok, doc, e.batch_size)?);
-    }
-    let n_chunks: usize = texts.iter().map(Vec::len).sum();
-    let mut raw = RawSession::load(&e.model_dir, &e.ort_library, e.threads)?;
-    raw.run(&batches[..batches.len().min(4)])?; // warm-up, as the embedder's probe is
-    let spent = raw.run(&batches)?;
-    rows.push(Row::new(
-        "raw ONNX Runtime session (limit)",
-        n_chunks,
-        spent.as_secs_f64(),
-        None,
-    ));
+    let (row, batches) = raw_session(&config, &texts)?;
+    rows.push(row);
 
     // 3. the Python peer
     if let Some(p) = peer {
-        let out = std::process::Command::new(&p.python)
-            .arg(&p.script)
-            .arg("--corpus")
-            .arg(corpus)
-            .arg("--model-dir")
-            .arg(&e.model_dir)
-            .args(["--threads", &e.threads.to_string()])
-            .args(["--batch-size", &e.batch_size.to_string()])
-            .args(["--max-tokens", &config.chunking.max_tokens.to_string()])
-            .args(["--overlap", &config.chunking.overlap.to_string()])
-            .arg("--json")
-            .output()
-            .with_context(|| format!("running the Python peer {}", p.python.display()))?;
-        if !out.status.success() {
-            anyhow::bail!(
-                "the Python peer failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let line = stdout
-            .lines()
-            .rev()
-            .find(|l| l.trim_start().starts_with('{'))
-            .context("the Python peer printed no JSON line")?;
-        let v: serde_json::Value = serde_json::from_str(line)?;
-        let chunks = v["chunks"].as_u64().unwrap_or(0) as usize;
-        let seconds = v["seconds"].as_f64().unwrap_or(f64::NAN);
-        rows.push(Row::new(
-            "Python peer (onnxruntime + tokenizers + semantic-text-splitter + qdrant-client)",
-            chunks,
-            seconds,
-            Some(v["bytes"].as_u64().unwrap_or(bytes)),
-        ));
+        rows.push(peer_row(p, corpus, &config, bytes)?);
     }
 
     Ok(IngestBench {
@@ -170,6 +123,69 @@ pub fn ingest(config: &Config, corpus: &Path, peer: Option<&Peer>) -> anyhow::Re
         split_seconds,
         rows,
     })
+}
+
+/// The limit: the same chunks, tokenized beforehand and batched per document in the order
+/// the pipeline embeds them, through a bare ONNX Runtime session. Returns its row and the
+/// batches (for the token counts).
+fn raw_session(config: &Config, texts: &[Vec<String>]) -> anyhow::Result<(Row, Vec<Batch>)> {
+    let e = &config.embedding;
+    let tok = batch_tokenizer(&e.model_dir, e.max_length)?;
+    let mut batches = Vec::new();
+    for doc in texts {
+        batches.extend(tokenize(&tok, doc, e.batch_size)?);
+    }
+    let n_chunks: usize = texts.iter().map(Vec::len).sum();
+    let mut raw = RawSession::load(&e.model_dir, &e.ort_library, e.threads)?;
+    raw.run(&batches[..batches.len().min(4)])?; // warm-up, as the embedder's probe is
+    let spent = raw.run(&batches)?;
+    let row = Row::new(
+        "raw ONNX Runtime session (limit)",
+        n_chunks,
+        spent.as_secs_f64(),
+        None,
+    );
+    Ok((row, batches))
+}
+
+/// The Python peer over the same corpus and settings, as a row (its own byte count when
+/// it gives one).
+fn peer_row(p: &Peer, corpus: &Path, config: &Config, bytes: u64) -> anyhow::Result<Row> {
+    let e = &config.embedding;
+    let out = std::process::Command::new(&p.python)
+        .arg(&p.script)
+        .arg("--corpus")
+        .arg(corpus)
+        .arg("--model-dir")
+        .arg(&e.model_dir)
+        .args(["--threads", &e.threads.to_string()])
+        .args(["--batch-size", &e.batch_size.to_string()])
+        .args(["--max-tokens", &config.chunking.max_tokens.to_string()])
+        .args(["--overlap", &config.chunking.overlap.to_string()])
+        .arg("--json")
+        .output()
+        .with_context(|| format!("running the Python peer {}", p.python.display()))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "the Python peer failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .context("the Python peer printed no JSON line")?;
+    let v: serde_json::Value = serde_json::from_str(line)?;
+    let chunks = v["chunks"].as_u64().unwrap_or(0) as usize;
+    let seconds = v["seconds"].as_f64().unwrap_or(f64::NAN);
+    Ok(Row::new(
+        "Python peer (onnxruntime + tokenizers + semantic-text-splitter + qdrant-client)",
+        chunks,
+        seconds,
+        Some(v["bytes"].as_u64().unwrap_or(bytes)),
+    ))
 }
 
 impl std::fmt::Display for IngestBench {
