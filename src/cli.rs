@@ -235,7 +235,12 @@ pub struct TrainRefusal {
     /// The logistic regression's C (inverse L2 penalty).
     #[arg(long, default_value_t = crate::tools::train_refusal::DEFAULT_C)]
     pub c: f64,
-    /// Highest share of dev examples whose passages hold the answer that may be refused.
+    /// Natural questions written apart, to choose the threshold on ("" for none: then
+    /// dev's examples choose it).
+    #[arg(long, default_value = "training/refusal/calibration.jsonl")]
+    pub calibration: PathBuf,
+    /// Highest share of the calibration set's answerable questions (without one, of dev's
+    /// examples whose passages hold the answer) that may be refused.
     #[arg(long, default_value_t = 0.05)]
     pub max_false_refusals: f64,
     #[arg(long)]

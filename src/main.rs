@@ -817,7 +817,7 @@ impl Progress for Bar {
 
 /// `docent train-refusal`: the flags as the tool's settings, then the run.
 async fn train_refusal(config: &Config, a: cli::TrainRefusal) -> anyhow::Result<ExitCode> {
-    use docent::tools::train_refusal::{Method, Settings};
+    use docent::tools::train_refusal::{Calibration, Method, Settings};
     let model = config.generation.model.display().to_string();
     let stem = model.rsplit('/').next().unwrap_or(&model).to_string();
     let corpora = a
@@ -854,6 +854,11 @@ async fn train_refusal(config: &Config, a: cli::TrainRefusal) -> anyhow::Result<
         rebuild: a.rebuild,
         extract: a.extract,
         time: a.time,
+        calibration: (!a.calibration.as_os_str().is_empty()).then(|| Calibration {
+            examples: a.calibration.with_file_name("calibration-examples.jsonl"),
+            states: format!("training/refusal/{stem}.calibration.states").into(),
+            questions: a.calibration,
+        }),
     };
     let report = docent::tools::train_refusal::run(config, &settings).await?;
     print_report(&report, a.json)

@@ -14,8 +14,11 @@
 //!    reads it (the same templates; a fence of its own per example, fixed by its id).
 //! 3. **Fit**: a linear probe at `--layer` on the train split (a logistic regression on
 //!    standardised states by default; the difference of the class means with `--method`),
-//!    the threshold on dev: the lowest whose false refusals on dev stay within
-//!    `--max-false-refusals`. The probe file
+//!    the threshold on the calibration set (`training/refusal/calibration.jsonl`: natural
+//!    questions written apart, half unanswerable; their retrieved passages and states kept
+//!    like the examples'): the lowest that refuses at most `--max-false-refusals` of its
+//!    questions the corpus answers, whatever retrieval found (without the set, of dev's
+//!    examples whose passages hold the answer). The probe file
 //!    is a function of the states at that layer and the examples' labels, so the shipped one
 //!    is reproduced byte for byte from `training/refusal/<model>.states` (that layer only,
 //!    committed) by the plain command.
@@ -69,6 +72,10 @@ pub struct Example {
     pub passages: Vec<Passage>,
     /// The passages do not hold the answer: the probe should refuse.
     pub refuse: bool,
+    /// Whether the corpus answers the question (calibration examples only: a refusal of
+    /// an answerable question is a false refusal to its user whatever retrieval found).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answerable: Option<bool>,
 }
 
 #[derive(Debug, Clone)]
@@ -88,6 +95,22 @@ pub struct Settings {
     pub extract: bool,
     /// Also time what reading the states adds to a prefill over this many examples.
     pub time: usize,
+    /// Natural questions written apart to choose the threshold on, if any.
+    pub calibration: Option<Calibration>,
+}
+
+/// The calibration set: natural questions (half of them unanswerable from the corpus)
+/// written apart from the training questions, only to choose the threshold on. Its
+/// examples are the passages the query path retrieves for each (no answer-removed
+/// variants), and a refusal counts as false when the corpus answers the question.
+#[derive(Debug, Clone)]
+pub struct Calibration {
+    pub questions: PathBuf,
+    /// Made when missing or with `--rebuild`.
+    pub examples: PathBuf,
+    /// The probe's layer's states (every layer's in the cache), made when missing or with
+    /// `--extract`.
+    pub states: PathBuf,
 }
 
 /// How the probe is fitted at its layer.
@@ -135,7 +158,28 @@ pub struct Report {
     /// `--time`: median ms of a first step without and with the probe's layer read, and
     /// the median of their paired differences.
     pub overhead_ms: Option<(f64, f64, f64)>,
+    /// The calibration set at the threshold chosen on it, when there is one.
+    pub calibration: Option<CalibrationReport>,
 }
+
+/// The probe on the calibration set (a refusal is false when the corpus answers).
+#[derive(Debug, Clone, Serialize)]
+pub struct CalibrationReport {
+    pub examples: usize,
+    pub unanswerable: usize,
+    /// AUROC of the score against "the corpus does not answer".
+    pub auroc: f64,
+    /// At the threshold: share of the unanswerable questions refused, of the answerable.
+    pub refused: f64,
+    pub false_refusals: f64,
+    /// (threshold, refused, false refusals) at [`CALIBRATION_CURVE`].
+    pub curve: Vec<(f32, f64, f64)>,
+}
+
+/// Where the calibration curve is printed (the probes' scores crowd towards 1).
+pub const CALIBRATION_CURVE: &[f32] = &[
+    0.5, 0.7, 0.8, 0.9, 0.95, 0.97, 0.98, 0.99, 0.995, 0.998, 0.999,
+];
 
 impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -166,6 +210,20 @@ impl std::fmt::Display for Report {
         writeln!(f, "{:>10} {:>9} {:>9}", "threshold", "refused", "false")?;
         for (t, r, fr) in &self.curve {
             writeln!(f, "{t:>10.2} {:>8.1}% {:>8.1}%", r * 100.0, fr * 100.0)?;
+        }
+        if let Some(c) = &self.calibration {
+            writeln!(
+                f,
+                "calibration ({} questions, {} unanswerable): AUROC {:.4}; at the threshold {:.1} % of the unanswerable refused, {:.1} % of the answerable",
+                c.examples,
+                c.unanswerable,
+                c.auroc,
+                c.refused * 100.0,
+                c.false_refusals * 100.0
+            )?;
+            for (t, r, fr) in &c.curve {
+                writeln!(f, "{t:>10.3} {:>8.1}% {:>8.1}%", r * 100.0, fr * 100.0)?;
+            }
         }
         if let Some((plain, read, added)) = self.overhead_ms {
             writeln!(
@@ -223,22 +281,18 @@ pub(crate) fn read_jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> anyhow::R
     crate::tools::eval::jsonl(path)
 }
 
-/// Step 1: the examples, from the questions and the passages the query path retrieves.
-pub async fn build_examples(
-    config: &Config,
-    settings: &Settings,
-    generator: crate::query::generate::SharedGenerator,
-) -> anyhow::Result<Vec<Example>> {
-    // (origin, corpus, questions as (id, text, answerable, answers))
-    type Set = (
-        String,
-        Vec<crate::tools::eval::CorpusLine>,
-        Vec<(String, String, bool, Vec<String>)>,
-    );
-    let mut sets: Vec<Set> = Vec::new();
-    let questions: Vec<Question> = read_jsonl(&settings.questions)?;
-    for (name, path) in &settings.corpora {
-        let corpus = read_jsonl(path)?;
+/// Questions over one corpus: (origin, corpus, questions as (id, text, answerable, answers)).
+type QuestionSet = (
+    String,
+    Vec<crate::tools::eval::CorpusLine>,
+    Vec<(String, String, bool, Vec<String>)>,
+);
+
+/// The questions of `path`, grouped by the corpus they name (in `corpora`' order).
+fn question_sets(path: &Path, corpora: &[(String, PathBuf)]) -> anyhow::Result<Vec<QuestionSet>> {
+    let questions: Vec<Question> = read_jsonl(path)?;
+    let mut sets = Vec::new();
+    for (name, corpus) in corpora {
         let qs = questions
             .iter()
             .filter(|q| &q.corpus == name)
@@ -247,8 +301,18 @@ pub async fn build_examples(
                 (q.id.clone(), q.text.clone(), q.answerable, answers)
             })
             .collect();
-        sets.push((name.clone(), corpus, qs));
+        sets.push((name.clone(), read_jsonl(corpus)?, qs));
     }
+    Ok(sets)
+}
+
+/// Step 1: the examples, from the questions and the passages the query path retrieves.
+pub async fn build_examples(
+    config: &Config,
+    settings: &Settings,
+    generator: crate::query::generate::SharedGenerator,
+) -> anyhow::Result<Vec<Example>> {
+    let mut sets = question_sets(&settings.questions, &settings.corpora)?;
     if let Some(dir) = &settings.encyclo {
         let data = Dataset::load(dir)?;
         let split: BTreeMap<String, Vec<String>> =
@@ -264,6 +328,30 @@ pub async fn build_examples(
         let corpus = read_jsonl(&dir.join("corpus.jsonl"))?;
         sets.push(("encyclo-factoid".into(), corpus, qs));
     }
+    examples_of(config, generator, sets, false).await
+}
+
+/// The calibration set's examples: each question with the passages the query path
+/// retrieves for it.
+pub async fn build_calibration(
+    config: &Config,
+    settings: &Settings,
+    calibration: &Calibration,
+    generator: crate::query::generate::SharedGenerator,
+) -> anyhow::Result<Vec<Example>> {
+    let sets = question_sets(&calibration.questions, &settings.corpora)?;
+    examples_of(config, generator, sets, true).await
+}
+
+/// Every question of `sets` with the passages the query path retrieves for it, labelled by
+/// whether they hold the gold answer; for training (not `calibration`), each question
+/// whose passages hold it again with the answer's sentences taken out.
+async fn examples_of(
+    config: &Config,
+    generator: crate::query::generate::SharedGenerator,
+    sets: Vec<QuestionSet>,
+    calibration: bool,
+) -> anyhow::Result<Vec<Example>> {
     let mut examples = Vec::new();
     for (origin, corpus, qs) in sets {
         let c = config.clone();
@@ -292,7 +380,11 @@ pub async fn build_examples(
                 continue;
             }
             let holds = answerable && passages.iter().any(|p| contains_answer(&p.text, &answers));
-            let split = split_of(&id).to_string();
+            let split = if calibration {
+                "calibration".to_string()
+            } else {
+                split_of(&id).to_string()
+            };
             examples.push(Example {
                 id: format!("{id}/retrieved"),
                 origin: origin.clone(),
@@ -301,17 +393,10 @@ pub async fn build_examples(
                 question: text.clone(),
                 passages: passages.clone(),
                 refuse: !holds,
+                answerable: calibration.then_some(answerable),
             });
-            if holds {
-                let removed: Vec<Passage> = passages
-                    .iter()
-                    .map(|p| Passage {
-                        text: without_answer(&p.text, &answers),
-                        ..p.clone()
-                    })
-                    .collect();
-                let answered = removed.iter().any(|p| contains_answer(&p.text, &answers));
-                if !answered && removed.iter().any(|p| !p.text.trim().is_empty()) {
+            if holds && !calibration {
+                if let Some(removed) = answer_removed(&passages, &answers) {
                     examples.push(Example {
                         id: format!("{id}/answer_removed"),
                         origin: origin.clone(),
@@ -320,12 +405,27 @@ pub async fn build_examples(
                         question: text,
                         passages: removed,
                         refuse: true,
+                        answerable: None,
                     });
                 }
             }
         }
     }
     Ok(examples)
+}
+
+/// `passages` with every sentence that holds one of `answers` taken out, if something
+/// is left and nothing left holds an answer.
+fn answer_removed(passages: &[Passage], answers: &[String]) -> Option<Vec<Passage>> {
+    let removed: Vec<Passage> = passages
+        .iter()
+        .map(|p| Passage {
+            text: without_answer(&p.text, answers),
+            ..p.clone()
+        })
+        .collect();
+    let answered = removed.iter().any(|p| contains_answer(&p.text, answers));
+    (!answered && removed.iter().any(|p| !p.text.trim().is_empty())).then_some(removed)
 }
 
 /// The prompt the service would give the model for `e` (its fence fixed by the id).
@@ -523,10 +623,12 @@ pub async fn overhead(
     Ok((median(&plain), median(&read), median(&added)))
 }
 
-/// Step 3: the probe at `layer`, fitted on train, its threshold chosen on dev.
+/// Step 3: the probe at `layer`, fitted on train, its threshold chosen on the calibration
+/// set when there is one (else on dev).
 pub fn fit_probe(
     examples: &[Example],
     states: &States,
+    calibration: Option<(&[Example], &States)>,
     model: &str,
     model_sha256: &str,
     settings: &Settings,
@@ -594,7 +696,14 @@ pub fn fit_probe(
     })?;
     let dev = dev_scores(&p, settings.layer);
     let dev_auroc = probe::auroc(&dev);
-    let threshold = lowest_threshold(&dev, settings.max_false_refusals);
+    let calibrated = calibration
+        .map(|(e, s)| calibration_scores(&p, e, s, settings.layer))
+        .transpose()?;
+    let threshold = lowest_threshold(
+        calibrated.as_deref().unwrap_or(&dev),
+        settings.max_false_refusals,
+    );
+    let calibration = calibrated.map(|c| calibration_report(&c, threshold));
     let rate = |t: f32, refuse: bool| refused_share(&dev, t, refuse);
     let curve = crate::tools::eval::REFUSAL_THRESHOLDS
         .iter()
@@ -623,6 +732,9 @@ pub fn fit_probe(
         },
         "max_false_refusals": settings.max_false_refusals,
     });
+    if let Some(c) = &calibration {
+        record_calibration(&mut p.file.training, c);
+    }
     let report = Report {
         examples: examples.len(),
         train: count("train"),
@@ -636,8 +748,77 @@ pub fn fit_probe(
         curve,
         out: settings.out.clone(),
         overhead_ms: None,
+        calibration,
     };
     Ok((p.file, report))
+}
+
+/// The calibration set's figures in the probe file's training record (for people).
+fn record_calibration(training: &mut serde_json::Value, c: &CalibrationReport) {
+    training["threshold_from"] = "calibration".into();
+    training["calibration"] = serde_json::json!({
+        "data": "training/refusal/calibration.jsonl (natural questions written apart; threshold only)",
+        "questions": c.examples,
+        "unanswerable": c.unanswerable,
+        "auroc": (c.auroc * 1e4).round() / 1e4,
+        "refused_at_threshold": (c.refused * 1e4).round() / 1e4,
+        "false_refusals_at_threshold": (c.false_refusals * 1e4).round() / 1e4,
+    });
+}
+
+/// The probe's score of each calibration example, and whether the corpus leaves its
+/// question unanswered (what a refusal should follow).
+fn calibration_scores(
+    p: &Probe,
+    examples: &[Example],
+    states: &States,
+    layer: usize,
+) -> anyhow::Result<Vec<(f64, bool)>> {
+    anyhow::ensure!(
+        states.values.len() == examples.len(),
+        "{} calibration states for {} examples: extract them again (--extract)",
+        states.values.len(),
+        examples.len()
+    );
+    let i = states
+        .layers
+        .iter()
+        .position(|&l| l == layer)
+        .with_context(|| format!("the calibration states lack layer {layer}"))?;
+    examples
+        .iter()
+        .zip(&states.values)
+        .map(|(e, v)| {
+            let mut s = vec![Vec::new(); layer + 1];
+            s[layer] = v[i].clone();
+            let score = p.score(&s).context("no score")?;
+            let answerable = e
+                .answerable
+                .with_context(|| format!("{}: a calibration example without `answerable`", e.id))?;
+            Ok((score as f64, !answerable))
+        })
+        .collect()
+}
+
+/// The calibration set's figures at `threshold` and along [`CALIBRATION_CURVE`].
+fn calibration_report(scores: &[(f64, bool)], threshold: f32) -> CalibrationReport {
+    CalibrationReport {
+        examples: scores.len(),
+        unanswerable: scores.iter().filter(|s| s.1).count(),
+        auroc: probe::auroc(scores),
+        refused: refused_share(scores, threshold, true),
+        false_refusals: refused_share(scores, threshold, false),
+        curve: CALIBRATION_CURVE
+            .iter()
+            .map(|&t| {
+                (
+                    t,
+                    refused_share(scores, t, true),
+                    refused_share(scores, t, false),
+                )
+            })
+            .collect(),
+    }
 }
 
 /// The lowest threshold (to 4 decimals) whose false refusals on `dev` (score, should
@@ -674,63 +855,109 @@ pub(crate) fn states_cache() -> PathBuf {
         .join("refusal-states")
 }
 
-/// All three steps, each from its file when it is there and not asked to be redone.
-pub async fn run(config: &Config, settings: &Settings) -> anyhow::Result<Report> {
-    let model_file = crate::query::generate::catalog::resolve(&config.generation.model);
-    let model_name = config.generation.model.display().to_string();
-    let mut generator: Option<crate::query::generate::SharedGenerator> = None;
-    let loaded = || async move {
-        anyhow::Ok(std::sync::Arc::new(
-            crate::query::generate::Generator::load(&config.generation).await?,
-        ))
+/// Which examples [`examples_and_states`] reads or makes.
+#[derive(Clone, Copy)]
+enum Set<'a> {
+    Training,
+    Calibration(&'a Calibration),
+}
+
+/// The model, loaded once for whichever step needs it first.
+async fn generator_for(
+    config: &Config,
+    slot: &mut Option<crate::query::generate::SharedGenerator>,
+) -> anyhow::Result<crate::query::generate::SharedGenerator> {
+    if let Some(g) = slot {
+        return Ok(g.clone());
+    }
+    let g = std::sync::Arc::new(crate::query::generate::Generator::load(&config.generation).await?);
+    *slot = Some(g.clone());
+    Ok(g)
+}
+
+/// Steps 1 and 2 for one set: its examples and their states (with the model file's
+/// sha256), each from its file when it is there and not asked to be redone.
+async fn examples_and_states(
+    config: &Config,
+    settings: &Settings,
+    set: Set<'_>,
+    generator: &mut Option<crate::query::generate::SharedGenerator>,
+) -> anyhow::Result<(Vec<Example>, States, String)> {
+    let (examples_path, states_path, tag) = match set {
+        Set::Training => (&settings.examples, &settings.states, ""),
+        Set::Calibration(c) => (&c.examples, &c.states, "-calibration"),
     };
-    let examples: Vec<Example> = if settings.rebuild || !settings.examples.is_file() {
-        let g = loaded().await?;
-        generator = Some(g.clone());
-        let examples = build_examples(config, settings, g).await?;
-        let mut f = std::io::BufWriter::new(std::fs::File::create(&settings.examples)?);
+    let examples: Vec<Example> = if settings.rebuild || !examples_path.is_file() {
+        let g = generator_for(config, generator).await?;
+        let examples = match set {
+            Set::Training => build_examples(config, settings, g).await?,
+            Set::Calibration(c) => build_calibration(config, settings, c, g).await?,
+        };
+        let mut f = std::io::BufWriter::new(std::fs::File::create(examples_path)?);
         for e in &examples {
             serde_json::to_writer(&mut f, e)?;
             f.write_all(b"\n")?;
         }
         f.flush()?;
-        tracing::info!(examples = examples.len(), path = %settings.examples.display(), "examples written");
+        tracing::info!(examples = examples.len(), path = %examples_path.display(), "examples written");
         examples
     } else {
-        read_jsonl(&settings.examples)?
+        read_jsonl(examples_path)?
     };
     // the committed states hold the probe's layer; every layer's are kept in the cache,
     // and read when there (the sweep is printed from them)
-    let text = std::fs::read(&settings.examples)?;
-    let stem = model_name
-        .rsplit('/')
-        .next()
-        .unwrap_or(&model_name)
-        .to_string();
-    let full = states_cache().join(format!("{stem}-{:016x}.states", fnv_bytes(&text)));
-    let (states, sha) = if settings.extract || (!full.is_file() && !settings.states.is_file()) {
+    let model_name = config.generation.model.display().to_string();
+    let stem = model_name.rsplit('/').next().unwrap_or(&model_name);
+    let text = std::fs::read(examples_path)?;
+    let full = states_cache().join(format!("{stem}{tag}-{:016x}.states", fnv_bytes(&text)));
+    let (states, sha) = if settings.extract || (!full.is_file() && !states_path.is_file()) {
+        let model_file = crate::query::generate::catalog::resolve(&config.generation.model);
         let sha = probe::file_sha256(&model_file)
             .with_context(|| format!("hashing {}", model_file.display()))?;
-        let generator = match generator {
-            Some(g) => g,
-            None => loaded().await?,
-        };
-        let states = extract(config, &generator, &examples).await?;
+        let g = generator_for(config, generator).await?;
+        let states = extract(config, &g, &examples).await?;
         std::fs::create_dir_all(states_cache())?;
         states.write(&full, &sha)?;
         (states, sha)
     } else if full.is_file() {
         States::read(&full)?
     } else {
-        States::read(&settings.states)?
+        States::read(states_path)?
     };
     if states.layers.len() > 1 {
         states
             .only(settings.layer)
             .with_context(|| format!("the states lack layer {}", settings.layer))?
-            .write(&settings.states, &sha)?;
+            .write(states_path, &sha)?;
     }
-    let (file, report) = fit_probe(&examples, &states, &model_name, &sha, settings)?;
+    Ok((examples, states, sha))
+}
+
+/// All three steps, each from its file when it is there and not asked to be redone; the
+/// calibration set's examples and states too, when it has questions or examples.
+pub async fn run(config: &Config, settings: &Settings) -> anyhow::Result<Report> {
+    let model_name = config.generation.model.display().to_string();
+    let mut generator = None;
+    let (examples, states, sha) =
+        examples_and_states(config, settings, Set::Training, &mut generator).await?;
+    let calibration = match settings
+        .calibration
+        .as_ref()
+        .filter(|c| c.questions.is_file() || c.examples.is_file())
+    {
+        Some(c) => {
+            let (e, s, c_sha) =
+                examples_and_states(config, settings, Set::Calibration(c), &mut generator).await?;
+            anyhow::ensure!(
+                c_sha == sha,
+                "the calibration states were read with another model file than the training states: extract them again (--extract)"
+            );
+            Some((e, s))
+        }
+        None => None,
+    };
+    let calibration = calibration.as_ref().map(|(e, s)| (e.as_slice(), s));
+    let (file, report) = fit_probe(&examples, &states, calibration, &model_name, &sha, settings)?;
     if let Some(dir) = settings.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
@@ -792,5 +1019,124 @@ mod tests {
         let bytes = std::fs::read(&p).unwrap();
         std::fs::write(&p, &bytes[..bytes.len() - 4]).unwrap();
         assert!(States::read(&p).is_err());
+    }
+
+    /// A one-layer example whose state is `x` (one dimension), of `split`.
+    fn example(
+        id: usize,
+        split: &str,
+        x: f32,
+        refuse: bool,
+        answerable: Option<bool>,
+    ) -> (Example, Vec<Vec<f32>>) {
+        let e = Example {
+            id: format!("q{id}/retrieved"),
+            origin: "test".into(),
+            variant: "retrieved".into(),
+            split: split.into(),
+            question: format!("q{id}"),
+            passages: Vec::new(),
+            refuse,
+            answerable,
+        };
+        (e, vec![vec![x, 0.5]])
+    }
+
+    fn settings() -> Settings {
+        Settings {
+            questions: PathBuf::new(),
+            corpora: Vec::new(),
+            encyclo: None,
+            examples: PathBuf::new(),
+            states: PathBuf::new(),
+            out: PathBuf::new(),
+            layer: 0,
+            method: Method::Logistic { c: 1.0 },
+            max_false_refusals: 0.05,
+            rebuild: false,
+            extract: false,
+            time: 0,
+            calibration: None,
+        }
+    }
+
+    /// The threshold follows the calibration set's answerable questions when there is one:
+    /// its answerable questions score like dev's refusals here (their passages missed the
+    /// answer), so a threshold chosen on dev would refuse most of them.
+    #[test]
+    fn the_calibration_set_chooses_the_threshold() {
+        let mut train = Vec::new();
+        for i in 0..200 {
+            let refuse = i % 2 == 0;
+            let split = if i % 5 == 0 { "dev" } else { "train" };
+            let x = if refuse { 1.0 } else { -1.0 } + (i % 7) as f32 * 0.05;
+            train.push(example(i, split, x, refuse, None));
+        }
+        let (examples, values): (Vec<Example>, Vec<_>) = train.into_iter().unzip();
+        let states = States {
+            layers: vec![0],
+            hidden: 2,
+            values,
+        };
+        let (dev_file, dev_report) =
+            fit_probe(&examples, &states, None, "m", "sha", &settings()).unwrap();
+        assert!(dev_report.calibration.is_none());
+        assert!(dev_report.dev_false_refusals <= 0.05);
+        // calibration: 40 answerable questions spread from dev's answer side to its refuse
+        // side, 40 unanswerable on the refuse side
+        let mut cal = Vec::new();
+        for i in 0..40 {
+            cal.push(example(
+                1000 + i,
+                "calibration",
+                -1.0 + i as f32 * 0.05,
+                true,
+                Some(true),
+            ));
+            cal.push(example(
+                2000 + i,
+                "calibration",
+                1.5 + i as f32 * 0.01,
+                true,
+                Some(false),
+            ));
+        }
+        let (cal_examples, cal_values): (Vec<Example>, Vec<_>) = cal.into_iter().unzip();
+        let cal_states = States {
+            layers: vec![0],
+            hidden: 2,
+            values: cal_values,
+        };
+        let (file, report) = fit_probe(
+            &examples,
+            &states,
+            Some((&cal_examples, &cal_states)),
+            "m",
+            "sha",
+            &settings(),
+        )
+        .unwrap();
+        let c = report.calibration.expect("a calibration report");
+        assert_eq!((c.examples, c.unanswerable), (80, 40));
+        assert!(c.false_refusals <= 0.05, "{}", c.false_refusals);
+        assert!(c.refused > 0.9, "{}", c.refused);
+        // the same weights, a higher threshold than dev's, and the file says where it came from
+        assert_eq!(file.weights, dev_file.weights);
+        assert!(
+            file.threshold > dev_file.threshold,
+            "{} vs {}",
+            file.threshold,
+            dev_file.threshold
+        );
+        assert_eq!(file.training["threshold_from"], "calibration");
+        // at dev's threshold most of the calibration's answerable questions are refused
+        let scores: Vec<(f64, bool)> = calibration_scores(
+            &Probe::new("m", "sha", 0, file.weights.clone(), file.scale, file.bias),
+            &cal_examples,
+            &cal_states,
+            0,
+        )
+        .unwrap();
+        assert!(refused_share(&scores, dev_file.threshold, false) > 0.3);
     }
 }

@@ -5,10 +5,13 @@ other's sets still wrote some of the same common questions. Run once after the q
 were written; the dropped ones are kept in questions_dropped.jsonl with the question they
 matched. Only the training side changes: the evaluation sets are left as written.
 
-    python3 training/refusal/decontaminate.py
+    python3 training/refusal/decontaminate.py [QUESTIONS.jsonl]
+
+(default questions.jsonl; the dropped ones go to <stem>_dropped.jsonl beside it)
 """
 import json
 import re
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,9 +34,9 @@ def main():
             q = json.loads(line)
             held.append((path.parent.name, q["_id"], q["text"], words(q["text"])))
     kept, dropped = [], []
-    source = HERE / "questions.jsonl"
+    source = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else HERE / "questions.jsonl"
     all_questions = [json.loads(l) for l in source.read_text().splitlines() if l.strip()]
-    dropped_file = HERE / "questions_dropped.jsonl"
+    dropped_file = source.with_name(source.stem + "_dropped.jsonl")
     if dropped_file.exists():
         all_questions += [json.loads(l)["question"] for l in dropped_file.read_text().splitlines()]
     all_questions.sort(key=lambda q: q["id"])

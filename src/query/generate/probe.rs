@@ -77,7 +77,8 @@ pub struct ProbeFile {
     /// The logistic fit: probability = sigmoid(scale × (weights · state) + bias).
     pub scale: f32,
     pub bias: f32,
-    /// The threshold chosen on the dev split (refused at or above).
+    /// The threshold (refused at or above), chosen on the calibration set (natural
+    /// questions written apart) or, without one, on the dev split.
     pub threshold: f32,
     /// How it was trained: data, counts and dev figures (for people; not read).
     pub training: serde_json::Value,
