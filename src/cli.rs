@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+/// The whole command line: the global flags and the subcommand.
 #[derive(Parser)]
 #[command(
     name = "docent",
@@ -19,10 +20,12 @@ pub struct Cli {
     /// Index directory (overrides data_dir).
     #[arg(long, global = true)]
     pub data_dir: Option<PathBuf>,
+    /// The subcommand to run.
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// What `docent keys` does.
 #[derive(Subcommand)]
 pub enum KeysAction {
     /// Make a random key; prints it once, and the `[[auth.keys]]` entry (its hash) to add.
@@ -37,6 +40,7 @@ pub enum KeysAction {
 }
 
 // Parsed once per process; the bench variants are large, and boxing them buys nothing.
+/// docent's subcommands.
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 pub enum Command {
@@ -48,6 +52,7 @@ pub enum Command {
     },
     /// API keys: `docent keys new --scope read` prints a new key and its config entry.
     Keys {
+        /// What to do with keys.
         #[command(subcommand)]
         action: KeysAction,
     },
@@ -60,6 +65,7 @@ pub enum Command {
     },
     /// Add files or directories (.txt, .md, .html, .pdf, .docx) to the index.
     Ingest {
+        /// Files or directories to add.
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
@@ -93,6 +99,7 @@ pub enum Command {
     },
     /// Answer one question from the command line (same path as POST /v1/query).
     Ask {
+        /// The question to answer.
         question: String,
         /// Print the full JSON response.
         #[arg(long)]
@@ -109,6 +116,7 @@ pub enum Command {
         /// Presidio-style JSON (full_text + spans).
         #[arg(default_value = "../shared/data/safety/pii-presidio-synth/synth_dataset_v2.json")]
         dataset: PathBuf,
+        /// Print the report as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -133,6 +141,7 @@ pub enum Command {
 }
 
 // Parsed once per process: the size of its largest variant costs nothing.
+/// `docent bench`'s benchmarks.
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 pub enum Bench {
@@ -142,6 +151,7 @@ pub enum Bench {
         /// Directory of documents (default: the demo corpus, ../shared/data/corpus/rust-book).
         #[arg(default_value = "../shared/data/corpus/rust-book")]
         corpus: PathBuf,
+        /// Options every benchmark takes.
         #[command(flatten)]
         common: BenchArgs,
     },
@@ -180,11 +190,13 @@ pub struct BenchArgs {
 /// `docent train-citations`' flags.
 #[derive(clap::Args)]
 pub struct TrainCitations {
+    /// Our questions, for their gold answers.
     #[arg(long, default_value = "training/refusal/questions.jsonl")]
     pub questions: PathBuf,
     /// encyclo-factoid's folder, for its dev half's answers ("" for none).
     #[arg(long, default_value = "eval/encyclo-factoid")]
     pub encyclo: PathBuf,
+    /// The refusal probe's examples (made by `docent train-refusal`), answered by the model.
     #[arg(long, default_value = "training/refusal/examples.jsonl")]
     pub examples: PathBuf,
     /// Tokens per answer.
@@ -193,8 +205,10 @@ pub struct TrainCitations {
     /// Answer again (the answers and states are kept in ~/.cache/docent-models).
     #[arg(long)]
     pub extract: bool,
+    /// The marker probes' logistic regression C (inverse L2 penalty).
     #[arg(long, default_value_t = crate::tools::train_refusal::DEFAULT_C)]
     pub c: f64,
+    /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
 }
@@ -222,6 +236,7 @@ pub struct TrainRefusal {
     /// every layer's in ~/.cache/docent-models/refusal-states and prints the sweep).
     #[arg(long)]
     pub states: Option<PathBuf>,
+    /// Where the probe is written (default: training/refusal/probes/<model>.refusal.json).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// The layer read (0: after the first decoder layer).
@@ -243,13 +258,16 @@ pub struct TrainRefusal {
     /// examples whose passages hold the answer) that may be refused.
     #[arg(long, default_value_t = 0.05)]
     pub max_false_refusals: f64,
+    /// Make the examples again, even when their file exists.
     #[arg(long)]
     pub rebuild: bool,
+    /// Read the hidden states again, even when they are kept.
     #[arg(long)]
     pub extract: bool,
     /// Also time what reading the states adds to a prefill, over this many examples.
     #[arg(long, default_value_t = 0)]
     pub time: usize,
+    /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
 }
@@ -341,6 +359,7 @@ pub struct EvalInjection {
     /// only those.
     #[arg(long)]
     pub model_check_foreign: bool,
+    /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
 }
@@ -348,12 +367,16 @@ pub struct EvalInjection {
 /// `docent train-injection`'s flags.
 #[derive(clap::Args)]
 pub struct TrainInjection {
+    /// The data set made by training/injection/make_dataset.py.
     #[arg(long, default_value = "training/injection/dataset.jsonl")]
     pub data: PathBuf,
+    /// Where the trained model is written (default: the built-in one's file).
     #[arg(long, default_value = "src/query/safety/injection.model")]
     pub out: PathBuf,
+    /// Passes over the training split.
     #[arg(long, default_value_t = 20)]
     pub epochs: usize,
+    /// AdaGrad's base learning rate.
     #[arg(long, default_value_t = 0.3)]
     pub learning_rate: f32,
     /// L2 penalty per update.
@@ -374,6 +397,7 @@ pub struct TrainInjection {
     /// addressee).
     #[arg(long, value_delimiter = ',')]
     pub with_signals: Vec<String>,
+    /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
 }
@@ -408,6 +432,7 @@ pub struct BenchLoad {
     /// Directory of Markdown files for the starting index and the uploads.
     #[arg(long, default_value = "../shared/data/corpus/rust-book/src")]
     pub corpus: PathBuf,
+    /// Concurrent clients (one keep-alive connection each).
     #[arg(long, default_value_t = 64)]
     pub clients: usize,
     /// Seconds of load in each of the two runs.
@@ -448,6 +473,7 @@ pub struct BenchQuery {
     /// Seconds measured per cell, after --warmup seconds not measured.
     #[arg(long, default_value_t = 10.0)]
     pub seconds: f64,
+    /// Seconds of warm-up per cell, not measured.
     #[arg(long, default_value_t = 2.0)]
     pub warmup: f64,
     /// Chunks per search.
@@ -459,6 +485,7 @@ pub struct BenchQuery {
     /// Where the indexes are built and kept between runs.
     #[arg(long, default_value = "models/bench-indexes")]
     pub cache: PathBuf,
+    /// Options every benchmark takes.
     #[command(flatten)]
     pub common: BenchArgs,
 }
@@ -479,8 +506,10 @@ pub struct BenchGenerate {
     /// Prompt lengths in tokens.
     #[arg(long, default_value = "600,1200", value_delimiter = ',')]
     pub prompt_tokens: Vec<usize>,
+    /// Tokens generated per run.
     #[arg(long, default_value_t = 128)]
     pub new_tokens: usize,
+    /// Runs per cell (the tables show their medians).
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
     /// Compute threads (RAYON_NUM_THREADS for candle, n_threads for llama.cpp).
@@ -495,6 +524,7 @@ pub struct BenchGenerate {
     /// Speculative decoding target and draft (default: the F32 and Q4_1 files).
     #[arg(long, num_args = 2, value_names = ["TARGET", "DRAFT"])]
     pub speculative: Vec<PathBuf>,
+    /// Tokens the draft model proposes per speculative step.
     #[arg(long, default_value_t = 4)]
     pub gamma: usize,
     /// Prompt-lookup drafts of up to N tokens (`generation.lookup_tokens`): a row for the
@@ -508,6 +538,7 @@ pub struct BenchGenerate {
     /// Safetensors directory for the load-time table (default: the SmolLM2 export).
     #[arg(long, default_value = "models/smollm2/SmolLM2-135M-Instruct-hf")]
     pub safetensors: PathBuf,
+    /// In-situ quantization type for the safetensors export (its load times and speed row).
     #[arg(long, default_value = "q8_0")]
     pub isq: String,
     /// Skip the load-time table.
@@ -534,6 +565,7 @@ pub struct BenchGenerate {
     /// `rag` rows run on it too, one slot per client, same file and prompts.
     #[arg(long)]
     pub llama_server: Option<PathBuf>,
+    /// Skip the llama.cpp peer.
     #[arg(long)]
     pub no_peer: bool,
     /// CPU kernels: docent (kernels/) or candle (mistral.rs's and candle's own).
@@ -549,6 +581,7 @@ pub struct BenchGenerate {
     /// no Q4_K interleaving).
     #[arg(long)]
     pub no_repack: bool,
+    /// Print one JSON object instead of the tables.
     #[arg(long)]
     pub json: bool,
 }

@@ -19,6 +19,8 @@
 //! Ingest (load → split → embed → store) is the `docent-ingest` crate; the store (one
 //! interface, an embedded and a server engine) is the `docent-store` crate.
 
+// Every public item says what it is (as in docent-ingest, docent-store and the kernels).
+#![warn(missing_docs)]
 // No function over 120 lines of code (clippy.toml); tests aside.
 #![warn(clippy::too_many_lines)]
 #![cfg_attr(test, allow(clippy::too_many_lines))]

@@ -21,6 +21,8 @@ pub const STAGES: [&str; 6] = [
     "postprocess",
 ];
 
+/// Every metric of the service, registered in one registry; get the process's set with
+/// [`metrics`]. Each field's Prometheus name starts with `docent_`.
 pub struct Metrics {
     registry: Registry,
     /// Requests by route (the pattern, not the path), method and status.

@@ -29,6 +29,7 @@ impl std::str::FromStr for Scope {
 pub struct ApiKey {
     /// A label for logs and metrics (never the key).
     pub name: String,
+    /// What the key may do.
     pub scope: Scope,
     /// `sha256:` and 64 hex digits.
     pub hash: String,
@@ -55,6 +56,7 @@ pub struct AuthConfig {
     /// no keys, the server only listens on loopback addresses.
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// The accepted keys (none by default); `DOCENT_API_KEYS` adds more.
     #[serde(default)]
     pub keys: Vec<ApiKey>,
     /// Requests per minute per key (a server without keys has no rate limit); 0 = unlimited.

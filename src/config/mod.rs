@@ -30,13 +30,19 @@ const SETUP_HINT: &str = "run `make setup` to fetch the models";
 /// Largest `retrieval.ann.ef`: a wider beam costs more than a scan of most indexes.
 const MAX_EF: usize = 4096;
 
+/// Why the configuration cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The file or environment could not be read into a [`Config`] (a missing file, bad
+    /// TOML, an unknown key, a wrong type).
     #[error("configuration: {0}")]
     Parse(String),
+    /// A value is out of range or a required file is missing.
     #[error("configuration: {field}: {message}")]
     Invalid {
+        /// The setting, as a dotted path such as `chunking.max_tokens`.
         field: &'static str,
+        /// What is wrong and what to do about it.
         message: String,
     },
 }
@@ -48,24 +54,37 @@ use crate::query::generate::{
 pub use crate::query::generate::{DraftConfig, GenerationConfig};
 pub use crate::query::retrieve::MAX_NEIGHBORS;
 
+/// The whole configuration: one field per section of `docent.toml`. Unknown keys are
+/// refused; [`Config::default`] holds the built-in defaults.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Where the embedded index lives (`store.kind = "edge"`).
     pub data_dir: PathBuf,
+    /// `[store]`: the embedded index or a Qdrant server.
     #[serde(default)]
     pub store: StoreConfig,
+    /// `[server]`: the HTTP server's address, limits and log format.
     pub server: ServerConfig,
+    /// `[embedding]`: the embedding model and how it runs.
     pub embedding: EmbeddingConfig,
+    /// `[chunking]`: how documents are split into chunks.
     pub chunking: ChunkingConfig,
+    /// `[ingest]`: the ingest pipeline's workers and batching.
     pub ingest: IngestConfig,
+    /// `[retrieval]`: how chunks are searched and ranked.
     pub retrieval: RetrievalConfig,
+    /// `[generation]`: the generation model and its sampling defaults and limits.
     pub generation: GenerationConfig,
+    /// `[prompts]`: where the prompt templates are.
     pub prompts: PromptsConfig,
+    /// `[safety]`: the safety filter around the query path.
     #[serde(default)]
     pub safety: crate::query::safety::SafetyConfig,
+    /// `[citations]`: how citations are checked and attributed.
     #[serde(default)]
     pub citations: CitationsConfig,
+    /// `[auth]`: API keys and rate limits.
     #[serde(default)]
     pub auth: AuthConfig,
 }

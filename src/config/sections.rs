@@ -36,9 +36,13 @@ impl Default for CitationsConfig {
     }
 }
 
+/// `[server]`: the HTTP server's address, request and upload limits, timeouts, CORS and
+/// log format.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerConfig {
+    /// Address to listen on, `host:port` (default `127.0.0.1:8080`; port 0 picks a free
+    /// one). Listening beyond loopback needs API keys unless `auth.enabled = false`.
     pub bind: String,
     /// Largest accepted JSON body, bytes.
     pub max_body_bytes: usize,
@@ -70,11 +74,14 @@ pub struct ServerConfig {
     pub log_format: LogFormat,
 }
 
+/// How log lines are written to stderr (`server.log_format`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
+    /// Human-readable lines, coloured when stderr is a terminal (the default).
     #[default]
     Text,
+    /// One JSON object per line, with the request span's fields.
     Json,
 }
 
@@ -92,6 +99,7 @@ pub(super) fn default_keep_alive_ms() -> u64 {
     15_000
 }
 
+/// `[embedding]`: the ONNX embedding model, ONNX Runtime and how they run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EmbeddingConfig {
@@ -102,7 +110,9 @@ pub struct EmbeddingConfig {
     pub ort_library: PathBuf,
     /// Model input limit in tokens, special tokens included.
     pub max_length: usize,
+    /// ONNX Runtime intra-op threads (at least 1; default 2).
     pub threads: usize,
+    /// Texts embedded per ONNX run (at least 1; default 8).
     pub batch_size: usize,
     /// BM25 document weighting (`k1`, `b`, `avg_len` in BM25 tokens); changing it
     /// re-embeds documents on their next ingest.
@@ -110,6 +120,7 @@ pub struct EmbeddingConfig {
     pub bm25: docent_ingest::embed::Bm25Settings,
 }
 
+/// `[chunking]`: how documents are split into chunks before they are embedded.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ChunkingConfig {
@@ -124,6 +135,7 @@ pub struct ChunkingConfig {
     pub headers: docent_ingest::pipeline::Headers,
 }
 
+/// `[ingest]`: the ingest pipeline's parallelism, queue and flushing.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IngestConfig {
@@ -136,6 +148,8 @@ pub struct IngestConfig {
 }
 
 impl IngestConfig {
+    /// The ingest pipeline's settings from this section (`workers = 0` becomes one per CPU
+    /// core); the settings this section lacks keep the pipeline's defaults.
     pub fn pipeline(&self) -> docent_ingest::pipeline::PipelineConfig {
         let auto = docent_ingest::pipeline::PipelineConfig::default();
         docent_ingest::pipeline::PipelineConfig {
@@ -151,6 +165,8 @@ impl IngestConfig {
     }
 }
 
+/// `[retrieval]`: how chunks are searched and ranked, how many a request gets, and when a
+/// question is refused for lack of support.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetrievalConfig {
@@ -181,6 +197,7 @@ pub struct RetrievalConfig {
     /// questions 0.459 refuses 29.7 % of the unanswerable ones at 9.8 % false refusals.
     #[serde(default)]
     pub min_support: f32,
+    /// Chunks retrieved for a request that does not say (default 3; at most `max_top_k`).
     pub top_k: usize,
     /// Largest `top_k` a request may ask for.
     pub max_top_k: usize,
@@ -189,6 +206,7 @@ pub struct RetrievalConfig {
     pub neighbors: usize,
 }
 
+/// `[prompts]`: where the prompt templates are.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PromptsConfig {

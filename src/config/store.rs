@@ -17,6 +17,7 @@ pub enum StoreKind {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreConfig {
+    /// Which engine: `edge` (embedded, the default) or `qdrant`.
     pub kind: StoreKind,
     /// The server's gRPC URL (`kind = "qdrant"`): `http://host:6334`, or `https://` for TLS.
     #[serde(default, skip_serializing_if = "Option::is_none")]

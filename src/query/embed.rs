@@ -1,5 +1,5 @@
-//! **Where a question is embedded**: [`QueryBatcher::embed_question`] (dense and BM25 vectors), with
-//! opportunistic batching of the dense model runs ([`QueryBatcher`]).
+//! **Where a question is embedded**: [`QueryBatcher::embed_question`] (dense and BM25
+//! vectors), with opportunistic batching of the dense model runs ([`QueryBatcher`]).
 //!
 //! Query embedding with opportunistic batching. The ONNX session runs one batch at a time,
 //! so concurrent questions would queue for it one by one; instead, a single thread takes
@@ -24,6 +24,7 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
 
 type Reply = Sender<docent_ingest::Result<Vec<f32>>>;
 
+/// Embeds questions, batching the dense model runs of concurrent ones on one thread.
 pub struct QueryBatcher {
     embedder: Arc<Embedder>,
     max_batch: usize,
@@ -56,6 +57,8 @@ impl QueryBatcher {
         }
     }
 
+    /// A batcher over `embedder` that embeds at most `max_batch` questions (at least 1) per
+    /// model run. The embedding thread starts on first use.
     pub fn new(embedder: Arc<Embedder>, max_batch: usize) -> Self {
         QueryBatcher {
             embedder,

@@ -40,27 +40,43 @@ pub use crate::query::response::{
     AnswerMode, QueryEvent, QueryResponse, RefusalReason, SearchHit, SearchResponse, Usage,
 };
 
+/// Why a query, search or answer failed. The server maps each variant to an HTTP status.
 #[derive(Debug, thiserror::Error)]
 pub enum QueryError {
+    /// The request failed a check: 422 with the field at fault.
     #[error("{field}: {message}")]
     Invalid {
+        /// The request field at fault (`question`, `retrieval.top_k`, ...).
         field: &'static str,
+        /// What is wrong with it.
         message: String,
     },
+    /// Embedding the question or searching the store failed.
     #[error("retrieval failed: {0}")]
     Retrieval(#[from] docent_ingest::Error),
+    /// The prompt could not be built (too long for the model's context, or a template error).
     #[error(transparent)]
     Prompt(#[from] PromptError),
+    /// The model could not generate the answer.
     #[error(transparent)]
     Generate(#[from] GenerateError),
+    /// Anything else that should not happen (a task that panicked, a stream that ended
+    /// without its answer).
     #[error("internal error: {0}")]
     Internal(String),
+    /// The generation queue is full (`generation.max_queue`): 429 with `Retry-After`.
     #[error("{queued} answers are being generated or waiting, the most this server takes (generation.max_queue); retry in {retry_after_s} s")]
-    Busy { queued: usize, retry_after_s: u64 },
+    Busy {
+        /// Answers generating or waiting: the most the server takes (`generation.max_queue`).
+        queued: usize,
+        /// Seconds to wait before retrying (the recent mean generation time, at least 1).
+        retry_after_s: u64,
+    },
 }
 
 /// Answers questions over the index. One per process, shared by every request.
 pub struct QueryEngine {
+    /// The embedder and the store that questions are searched in.
     pub index: Index,
     prompts: Prompts,
     generator: SharedGenerator,
@@ -77,6 +93,8 @@ pub struct QueryEngine {
 }
 
 impl QueryEngine {
+    /// The engine over `index`, with at most `max_queue` (at least 1) answers generating or
+    /// waiting and an answer cache of `cache_size` entries (0: no cache).
     pub fn new(
         index: Index,
         prompts: Prompts,
@@ -100,6 +118,7 @@ impl QueryEngine {
         }
     }
 
+    /// The defaults and limits requests are checked against.
     pub fn limits(&self) -> &Limits {
         &self.limits
     }
@@ -162,6 +181,7 @@ impl QueryEngine {
         })
     }
 
+    /// The language model that writes the answers.
     pub fn generator(&self) -> &Generator {
         &self.generator
     }

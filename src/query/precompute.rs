@@ -12,13 +12,16 @@ use crate::query::{QueryEngine, QueryError};
 /// What a run did.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Precomputed {
+    /// Documents in the index.
     pub documents: usize,
+    /// Chunks read from the store and looked at.
     pub chunks: usize,
     /// Blocks computed by this run (the others were on disk or in memory already).
     pub computed: usize,
     /// Chunks the safety filter would not quote as they are (quoted or dropped when
     /// retrieved: computed when a question needs them).
     pub skipped: usize,
+    /// How long the run took, in seconds.
     pub seconds: f64,
     /// Chunks whose block could not be computed (logged; the run went on).
     pub failed: usize,
@@ -27,6 +30,7 @@ pub struct Precomputed {
     pub disk_full: bool,
     /// The blocks on disk afterwards.
     pub disk_files: usize,
+    /// Their total size, in bytes.
     pub disk_bytes: u64,
 }
 

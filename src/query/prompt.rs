@@ -18,14 +18,25 @@ const CHECK: &str = "answer_check.jinja";
 const REFUSAL: &str = "refusal.jinja";
 const QUOTED: &str = "quoted_chunk.jinja";
 
+/// Why a prompt could not be loaded, rendered or fitted.
 #[derive(Debug, thiserror::Error)]
 pub enum PromptError {
+    /// A template could not be read, compiled or rendered.
     #[error("prompt template {name}: {message}")]
-    Template { name: String, message: String },
+    Template {
+        /// The template (its name, or the path it was read from).
+        name: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// Even the shortest prompt does not fit the model's context.
     #[error("the question with the system prompt and the shortest context needs {needed} tokens, but the model's context leaves {available} after reserving generation.max_tokens = {reserved}; shorten the question or lower generation.max_tokens")]
     TooLong {
+        /// Tokens the question, the system prompt and one context block need.
         needed: usize,
+        /// Tokens the model's context leaves for the prompt.
         available: usize,
+        /// Tokens reserved for the answer (`generation.max_tokens`).
         reserved: usize,
     },
 }
@@ -34,7 +45,9 @@ pub enum PromptError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
+    /// The person asking.
     User,
+    /// The model answering.
     Assistant,
 }
 
@@ -42,7 +55,9 @@ pub enum Role {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Turn {
+    /// Who said it.
     pub role: Role,
+    /// What was said (not empty).
     pub content: String,
 }
 
@@ -57,6 +72,8 @@ pub struct TokenCounter {
 }
 
 impl TokenCounter {
+    /// A counter with the tokenizer `encode` and the template's overhead: `base` tokens
+    /// (generation prompt included) plus `per_message` for each message.
     pub fn new(
         encode: impl Fn(&str) -> usize + Send + Sync + 'static,
         base: usize,
@@ -92,6 +109,7 @@ pub struct Budget {
 /// A prompt that fits, and what had to go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fitted {
+    /// The rendered prompt.
     pub prompt: Prompt,
     /// The first `blocks` context blocks were kept.
     pub blocks: usize,
@@ -104,9 +122,13 @@ pub struct Fitted {
 /// One numbered context block as the template sees it.
 #[derive(Debug, Clone, Serialize)]
 pub struct ContextBlock<'a> {
+    /// The block's number, as the answer cites it (`[n]`), from 1.
     pub n: usize,
+    /// The document's title.
     pub title: &'a str,
+    /// Where the document came from (a path or an upload's name).
     pub source: &'a str,
+    /// The chunk's text, with any joined neighbours.
     pub text: &'a str,
 }
 
@@ -114,8 +136,11 @@ pub struct ContextBlock<'a> {
 /// context.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Prompt {
+    /// The rendered system prompt.
     pub system: String,
+    /// The earlier turns that fit, oldest first.
     pub history: Vec<Turn>,
+    /// The rendered user message: the question with its numbered context blocks.
     pub user: String,
     /// The yes/no pre-question asked after `user` when `generation.refusal` is
     /// `question` (`answer_check.jinja`; empty: none).
@@ -164,6 +189,7 @@ pub fn fence() -> String {
     format!("doc-{}", hex::encode(b))
 }
 
+/// The compiled prompt templates (`prompts.dir`) and the settings they are rendered with.
 pub struct Prompts {
     env: Environment<'static>,
     /// Quote the context between fence tags ([`fence`]; `safety.spotlight`).

@@ -17,9 +17,13 @@ use docent_ingest::store::{SearchFilter, SearchMode};
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct QueryRequest {
+    /// The question to answer (trimmed; not empty, at most `server.max_question_chars`
+    /// characters, no control characters other than newlines and tabs).
     pub question: String,
+    /// How the chunks for the prompt are found (defaults from the `retrieval` configuration).
     #[serde(default)]
     pub retrieval: RetrievalOptions,
+    /// How the answer is generated (defaults from the `generation` configuration).
     #[serde(default)]
     pub generation: GenerationOptions,
     /// Answer as Server-Sent Events (`retrieval`, `delta`, `citation`, `done`, `error`).
@@ -38,9 +42,12 @@ pub struct QueryRequest {
 /// Most earlier turns a request may send.
 pub const MAX_HISTORY: usize = 64;
 
+/// Retrieval options of `/v1/query` and `/v1/search`; each left out takes the server's
+/// `retrieval.*` default.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetrievalOptions {
+    /// Chunks to retrieve, 1 to `retrieval.max_top_k` (default: `retrieval.top_k`).
     pub top_k: Option<usize>,
     /// `dense`, `sparse` or `hybrid` (default: `retrieval.mode`).
     pub mode: Option<SearchMode>,
@@ -55,15 +62,22 @@ pub struct RetrievalOptions {
     pub neighbors: Option<usize>,
 }
 
+/// Generation options of `/v1/query`; each left out takes the server's `generation.*`
+/// default.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct GenerationOptions {
+    /// Most tokens the answer may have, 1 to `generation.max_tokens_limit` (default:
+    /// `generation.max_tokens`).
     pub max_tokens: Option<usize>,
+    /// Sampling temperature, 0 to 2; 0 decodes greedily (default: `generation.temperature`).
     pub temperature: Option<f64>,
     /// Nucleus sampling mass, (0, 1]; 1 = off. Only with temperature > 0.
     pub top_p: Option<f64>,
     /// Sample among the k most likely tokens; 0 = off. Only with temperature > 0.
     pub top_k: Option<usize>,
+    /// Penalty on tokens already in the context, 0.5 to 2; 1 is off (default:
+    /// `generation.repetition_penalty`).
     pub repetition_penalty: Option<f32>,
     /// DRY penalty multiplier, 0..=5; 0 is off.
     pub dry_multiplier: Option<f32>,
@@ -82,24 +96,30 @@ pub struct GenerationOptions {
     pub draft_model: Option<bool>,
 }
 
-/// Most extra stop sequences a request may give, and their longest length in bytes.
+/// Most extra stop sequences a request may give.
 pub const MAX_STOPS: usize = 8;
+/// Longest extra stop sequence a request may give, in bytes.
 pub const MAX_STOP_BYTES: usize = 64;
 
 /// A request with every option resolved against the configuration and checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ValidQuery {
+    /// The question and its checked retrieval options.
     pub search: ValidSearch,
     /// Generative or extractive.
     pub mode: AnswerMode,
+    /// Sampling parameters, stop sequences and drafts, defaults filled in.
     pub params: Params,
+    /// Earlier turns of the conversation, oldest first (at most [`MAX_HISTORY`], none empty).
     pub history: Vec<Turn>,
+    /// Answer as Server-Sent Events rather than one JSON body.
     pub stream: bool,
 }
 
 /// Limits a request is checked against.
 #[derive(Debug, Clone)]
 pub struct Limits {
+    /// Search mode when the request does not say (`retrieval.mode`).
     pub default_mode: SearchMode,
     /// Refuse without the model when the refusal signal is below this.
     pub min_score: f32,
@@ -108,18 +128,30 @@ pub struct Limits {
     pub term_weight: f32,
     /// Refuse when the best retrieved sentence scores below this as an answer; 0 = off.
     pub min_support: f32,
+    /// Chunks retrieved when the request does not say (`retrieval.top_k`).
     pub default_top_k: usize,
+    /// Most chunks a request may ask for (`retrieval.max_top_k`).
     pub max_top_k: usize,
+    /// Neighbouring chunks joined to each hit when the request does not say
+    /// (`retrieval.neighbors`).
     pub default_neighbors: usize,
+    /// Answer length in tokens when the request does not say (`generation.max_tokens`).
     pub default_max_tokens: usize,
+    /// Most answer tokens a request may ask for (`generation.max_tokens_limit`).
     pub max_tokens: usize,
+    /// Sampling temperature when the request does not say (`generation.temperature`).
     pub default_temperature: f64,
+    /// Nucleus sampling mass when the request does not say (`generation.top_p`).
     pub default_top_p: f64,
+    /// Top-k token sampling when the request does not say (`generation.top_k`); 0 = off.
     pub default_top_k_tokens: usize,
+    /// Repetition penalty when the request does not say (`generation.repetition_penalty`).
     pub default_repetition_penalty: f32,
+    /// DRY penalty multiplier when the request does not say (`generation.dry_multiplier`).
     pub default_dry_multiplier: f32,
     /// `generation.dry_allowed_length` (server-wide).
     pub dry_allowed_length: usize,
+    /// Longest question, in characters (`server.max_question_chars`).
     pub max_question_chars: usize,
     /// Keep-alive interval of streamed answers (the SSE layer sends the comments).
     pub keep_alive: Duration,
@@ -143,7 +175,9 @@ pub struct Limits {
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SearchRequest {
+    /// The question to search for (checked as for `/v1/query`).
     pub question: String,
+    /// How the chunks are found (defaults from the `retrieval` configuration).
     #[serde(default)]
     pub retrieval: RetrievalOptions,
 }
@@ -151,13 +185,21 @@ pub struct SearchRequest {
 /// A search request with its options resolved and checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ValidSearch {
+    /// The question, trimmed and checked.
     pub question: String,
+    /// Chunks to retrieve, 1 to the server's `retrieval.max_top_k`.
     pub top_k: usize,
+    /// Dense, sparse or hybrid search.
     pub mode: SearchMode,
+    /// Refuse when the refusal signal of the best chunk is below this (-1 to
+    /// 1 + `term_weight`).
     pub min_score: f32,
     /// `retrieval.term_weight` (server-wide).
     pub term_weight: f32,
+    /// The collection, tags or documents retrieval is restricted to (checked).
     pub filter: SearchFilter,
+    /// Chunks before and after each hit joined into its text, at most
+    /// [`MAX_NEIGHBORS`].
     pub neighbors: usize,
 }
 

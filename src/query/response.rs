@@ -9,10 +9,12 @@ use crate::query::safety::SafetyReport;
 use crate::query::QueryError;
 use docent_ingest::store::{Hit, SearchMode, Span};
 
+/// `POST /v1/query` response, and the body of a streamed answer's `done` event.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QueryResponse {
     /// Exactly the text the stream's `delta` events carried, concatenated.
     pub answer: String,
+    /// The context blocks the answer cites, with the quote that supports each.
     pub citations: Vec<Citation>,
     /// False when nothing relevant was retrieved and the model was not asked.
     pub answerable: bool,
@@ -28,6 +30,7 @@ pub struct QueryResponse {
     /// True when the answer came from the cache (same question, options and index).
     #[serde(default)]
     pub cached: bool,
+    /// Token counts and timings of this answer.
     pub usage: Usage,
     /// What the safety filter did: redactions, whether the answer was withheld, and why.
     #[serde(default)]
@@ -101,34 +104,53 @@ pub enum AnswerMode {
 /// `POST /v1/search` response.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SearchResponse {
+    /// How the chunks were ranked: `dense`, `sparse` or `hybrid`.
     pub mode: SearchMode,
+    /// The chunks retrieved, best first, neighbours joined into their text.
     pub hits: Vec<SearchHit>,
+    /// Milliseconds the retrieval took, embedding the question included.
     pub retrieval_ms: f64,
 }
 
 /// One retrieved chunk with its scores.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SearchHit {
+    /// The document's content id (hex SHA-256 of its text).
     pub document_id: String,
+    /// The first source that holds the document (the one cited).
     pub source: String,
+    /// Every source that holds the document's content.
     pub sources: Vec<String>,
+    /// The document's title.
     pub title: String,
+    /// The chunk's position in its document, from 0.
     pub chunk_index: usize,
+    /// 1-based page the chunk starts on, for paged formats (PDF).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub page: Option<u32>,
+    /// Byte range of the text in the document's extracted text.
     pub span: Span,
+    /// The chunk's text, with its joined neighbours.
     pub text: String,
     /// The score the hits are ranked by (the mode's).
     pub score: f32,
+    /// The chunk's score under each ranking (dense, sparse, fused).
     pub scores: Scores,
 }
 
+/// Token counts and timings of one answer (`usage` in the response).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Usage {
+    /// Tokens in the prompt put to the model.
     pub prompt_tokens: usize,
+    /// Tokens the model generated.
     pub completion_tokens: usize,
+    /// Milliseconds spent retrieving (embedding the question and searching); 0 for a cached
+    /// answer.
     pub retrieval_ms: f64,
+    /// Milliseconds spent generating; 0 when the model was not asked or the answer was cached.
     pub generation_ms: f64,
+    /// Milliseconds from the request to the complete answer.
     pub total_ms: f64,
     /// Milliseconds from the request to the first answer text (streamed answers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -151,12 +173,14 @@ pub enum QueryEvent {
     Retrieval(Box<SearchResponse>),
     /// More answer text; all deltas together are the answer.
     Delta {
+        /// The text, in order.
         text: String,
     },
     /// A citation whose marker completed.
     Citation(Citation),
     /// The same body as the non-streamed response.
     Done(Box<QueryResponse>),
+    /// The answer failed; nothing follows.
     Error(QueryError),
 }
 

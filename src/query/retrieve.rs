@@ -11,14 +11,16 @@ use serde::Serialize;
 
 use crate::query::embed::QueryBatcher;
 
-/// The embedder and the store, opened once and shared by ingest and query.
 /// Most neighbours a hit may take on each side.
 pub const MAX_NEIGHBORS: usize = 5;
 
+/// The embedder and the store, opened once and shared by ingest and query.
 /// (Questions are embedded in [`crate::query::embed`].)
 #[derive(Clone)]
 pub struct Index {
+    /// The ingest pipeline's embedder (dense and BM25 vectors).
     pub embedder: Arc<Embedder>,
+    /// The vector store the chunks are searched in.
     pub store: Arc<Store>,
     /// How chunks are ranked unless a request says otherwise (`retrieval.mode`).
     pub mode: SearchMode,
@@ -31,7 +33,9 @@ pub struct Index {
 /// A chunk's score under each ranking (`None`: not among that ranking's candidates).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct Scores {
+    /// Cosine similarity to the question, when among the dense candidates.
     pub dense: Option<f32>,
+    /// BM25 score, when among the sparse candidates.
     pub sparse: Option<f32>,
     /// The fused score (hybrid mode only).
     pub fused: Option<f32>,
@@ -40,14 +44,19 @@ pub struct Scores {
 /// Chunks ranked for a question, best first, and the candidate lists (point id, score;
 /// best first) they were ranked from.
 pub struct Ranked {
+    /// The chunks kept, best first (at most `top_k`).
     pub hits: Vec<Hit>,
+    /// The dense candidates: point id and cosine similarity, best first.
     pub dense: Vec<(u64, f32)>,
+    /// The BM25 candidates: point id and score, best first.
     pub sparse: Vec<(u64, f32)>,
 }
 
 /// Retrieved chunks, best first, and the time it took.
 #[derive(Debug, Clone)]
 pub struct Retrieved {
+    /// The chunks retrieved, best first; their text is widened by [`Index::expand`] when
+    /// neighbours are joined.
     pub hits: Vec<Hit>,
     /// Cosine similarity of the chunk nearest to the question (the refusal signal,
     /// whatever the mode); `None` when the index has no matching chunk.
@@ -58,6 +67,7 @@ pub struct Retrieved {
     pub coverage: f32,
     /// The question's BM25 term ids.
     pub terms: Vec<u32>,
+    /// Milliseconds the retrieval took, embedding the question included.
     pub elapsed_ms: f64,
 }
 

@@ -25,6 +25,8 @@ use crate::server::error::ApiError;
 pub struct Caller {
     /// The key's name; `anonymous` when auth is off or the route is public.
     pub name: String,
+    /// What the caller may do: the key's scope; `write` when auth is off or the route is
+    /// public.
     pub scope: Scope,
 }
 
@@ -60,6 +62,8 @@ pub fn required_scope(method: &Method, path: &str) -> Scope {
 }
 
 impl Access {
+    /// The keys and rate limit of `[auth]`. Keys whose hash is not `sha256:` and 64 hex
+    /// digits are skipped; a `rate_per_minute` of 0 means no rate limit.
     pub fn new(config: &AuthConfig) -> Access {
         let keys = config
             .keys

@@ -13,6 +13,9 @@ use crate::query::generate::GenerateError;
 use crate::query::prompt::PromptError;
 use crate::query::QueryError;
 
+/// An HTTP API error: its status, a stable machine-readable `code` (`invalid_request`,
+/// `busy`, `not_found`…), a message for people, optional details and an optional
+/// `Retry-After`. Serialized as the inner object of `{"error": …}`.
 #[derive(Debug, Serialize)]
 pub struct ApiError {
     #[serde(skip)]
@@ -27,6 +30,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// An error with this status, code and message, without details or `Retry-After`.
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         ApiError {
             status,
@@ -43,6 +47,7 @@ impl ApiError {
             .with_details(json!({ "field": field }))
     }
 
+    /// Sets the `details` object (replacing any set before).
     pub fn with_details(mut self, details: serde_json::Value) -> Self {
         self.details = Some(Box::new(details));
         self
@@ -54,6 +59,7 @@ impl ApiError {
         self
     }
 
+    /// The error's machine-readable code, e.g. `invalid_request`.
     pub fn code(&self) -> &'static str {
         self.code
     }

@@ -8,35 +8,58 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 
+/// Where a job or one of its documents stands; serialized in lowercase (`"queued"`…).
+/// A job is only ever `queued`, `running`, `done` or `failed`; the other values are
+/// per-document outcomes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
+    /// Accepted, not started yet.
     Queued,
+    /// Being embedded and stored.
     Running,
+    /// Stored (for a job: every document finished and none failed).
     Done,
+    /// This exact content was already stored under this source; nothing was written.
     Unchanged,
     /// The content was already stored under another source; this one was added to it.
     Deduplicated,
+    /// Ingest failed (for a job: at least one document failed); see the document's `error`.
     Failed,
 }
 
+/// One document of an ingest job and its progress.
 #[derive(Debug, Clone, Serialize)]
 pub struct JobDocument {
+    /// The document's id: the hex SHA-256 of its text.
     pub id: String,
+    /// The document's source name (`collection/file name` when uploaded into a collection).
     pub source: String,
+    /// Where this document stands.
     pub status: Status,
+    /// Chunks embedded and stored so far.
     pub chunks_done: usize,
+    /// Chunks the document was split into; 0 until embedding starts.
     pub chunks_total: usize,
+    /// Why ingest failed, when it did; omitted otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
 
+/// An ingest job as `GET /v1/jobs/{id}` returns it; its status and chunk counts are
+/// derived from its documents.
 #[derive(Debug, Clone, Serialize)]
 pub struct Job {
+    /// The job's id: a random UUID as 32 hex digits, no hyphens.
     pub job_id: String,
+    /// `queued` until a document starts, `running`, then `done` or (when any document
+    /// failed) `failed`.
     pub status: Status,
+    /// Chunks stored so far, summed over the documents.
     pub chunks_done: usize,
+    /// Chunks to store, summed over the documents that have started.
     pub chunks_total: usize,
+    /// The job's documents, in upload order.
     pub documents: Vec<JobDocument>,
 }
 
@@ -56,6 +79,8 @@ struct Table {
     finished: VecDeque<String>,
 }
 
+/// The in-memory registry of ingest jobs, shared by the document routes and their
+/// background workers. Thread-safe; by default it keeps [`KEPT_FINISHED`] finished jobs.
 pub struct Jobs {
     table: Mutex<Table>,
     keep: usize,
@@ -81,7 +106,7 @@ impl Jobs {
         }
     }
 
-    /// Registers a queued job for documents `(id, source)`.
+    /// Registers a queued job for documents `(id, source)` and returns the job's id.
     pub fn create(&self, documents: &[(String, String)]) -> String {
         let id = new_id();
         let job = Job {
@@ -105,6 +130,7 @@ impl Jobs {
         id
     }
 
+    /// A copy of job `id`, or `None` when it is unknown or was forgotten.
     pub fn get(&self, id: &str) -> Option<Job> {
         self.lock().jobs.get(id).cloned()
     }

@@ -17,12 +17,16 @@ use tokio::sync::Semaphore;
 use crate::metrics::metrics;
 use crate::server::error::ApiError;
 
+/// The shared load limits: the slots for requests in flight and the time a response has to
+/// start. Registered as app data; [`limit`] passes requests through when it is absent.
 pub struct Limits {
     slots: Arc<Semaphore>,
     timeout: Duration,
 }
 
 impl Limits {
+    /// Limits allowing `max_in_flight` requests at once, each with `timeout` to start its
+    /// response.
     pub fn new(max_in_flight: usize, timeout: Duration) -> Limits {
         Limits {
             slots: Arc::new(Semaphore::new(max_in_flight)),
@@ -31,6 +35,8 @@ impl Limits {
     }
 }
 
+/// The middleware: takes a slot (503 `overloaded`, `Retry-After: 1`, when none is free) and
+/// answers 503 `timeout` when the handler has not responded within the timeout.
 pub async fn limit(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,

@@ -13,6 +13,7 @@ use tracing::Instrument;
 
 use crate::metrics::metrics;
 
+/// The `X-Request-Id` header, read from the request and set on the response.
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The request's id, in its extensions.
@@ -27,6 +28,8 @@ fn usable(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
 }
 
+/// The middleware: assigns the request id, runs the handler inside a `request` span, logs
+/// one line when it is done (a warning for 5xx) and records the HTTP metrics.
 pub async fn observe(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,

@@ -39,10 +39,13 @@ pub fn is_openai_path(path: &str) -> bool {
 /// The generation model this server answers with, as `GET /v1/models` lists it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModelCard {
+    /// The model's id: its catalog name, or its file or folder name without `.gguf`.
     pub id: String,
+    /// Always `"model"`.
     pub object: &'static str,
     /// The weights file's modification time (Unix seconds; 0 when unknown).
     pub created: u64,
+    /// Always `"docent"`.
     pub owned_by: &'static str,
 }
 
@@ -81,10 +84,15 @@ pub enum ChatError {
     /// A 400 naming the parameter (`param`) with OpenAI's `code`.
     #[error("{message}")]
     Invalid {
+        /// The offending request parameter, e.g. `stop` or `messages[2].role`.
         param: String,
+        /// OpenAI's error code: `invalid_value`, `invalid_type`, `unsupported_value` or
+        /// `unknown_parameter`.
         code: &'static str,
+        /// What is wrong and how to fix it.
         message: String,
     },
+    /// A 404: the request's `model` is neither the served model's id nor [`ALIAS`].
     #[error("The model `{0}` does not exist on this server: GET /v1/models lists the one it serves (`docent` is accepted as its alias)")]
     ModelNotFound(String),
 }
@@ -119,26 +127,33 @@ impl From<ChatError> for ApiError {
 /// [`check_extra`]: ignored, accepted with their neutral value only, or refused.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatRequest {
+    /// The model to answer with: the served model's id or [`ALIAS`].
     pub model: String,
+    /// The conversation; the last one must be a user message, the question.
     pub messages: Vec<Message>,
     /// Deprecated by OpenAI in favour of `max_completion_tokens`; both are accepted.
     #[serde(default)]
     pub max_tokens: Option<usize>,
+    /// Most tokens to generate; default `generation.max_tokens`. Must equal `max_tokens`
+    /// when both are sent.
     #[serde(default)]
     pub max_completion_tokens: Option<usize>,
     /// Default: docent's (`generation.temperature`, greedy), not OpenAI's 1.
     #[serde(default)]
     pub temperature: Option<f64>,
+    /// Nucleus sampling mass, (0, 1]; only with a temperature above 0.
     #[serde(default)]
     pub top_p: Option<f64>,
-    /// A string or an array of strings.
+    /// Stop sequences: a string or an array of strings.
     #[serde(default)]
     pub stop: Option<Value>,
+    /// Answer as a stream of chunks ending in `data: [DONE]`; default false.
     #[serde(default)]
     pub stream: Option<bool>,
+    /// Options of a streamed answer; refused unless `stream` is true.
     #[serde(default)]
     pub stream_options: Option<StreamOptions>,
-    /// Only 1.
+    /// How many answers to make: only 1.
     #[serde(default)]
     pub n: Option<u64>,
     /// Refused, as on `/v1/query` (the engine cannot seed one request).
@@ -147,10 +162,12 @@ pub struct ChatRequest {
     /// docent's own options: retrieval, and the answer mode.
     #[serde(default)]
     pub docent: Option<DocentOptions>,
+    /// Every other top-level field, for [`check_extra`].
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
 
+/// The `stream_options` object of a chat request.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamOptions {
@@ -166,20 +183,29 @@ pub struct StreamOptions {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DocentOptions {
+    /// How to retrieve (`top_k`, `mode`, `filter`…), as `retrieval` in `/v1/query`.
     #[serde(default)]
     pub retrieval: RetrievalOptions,
+    /// `generative` (the default) or `extractive`, as `mode` in `/v1/query`.
     #[serde(default)]
     pub mode: Option<AnswerMode>,
 }
 
+/// The author of a chat message, as OpenAI names them (lowercase on the wire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ChatRole {
+    /// Instructions from the client; ignored (docent's own system prompt applies).
     System,
+    /// OpenAI's newer name for system instructions; ignored like `system`.
     Developer,
+    /// A user's message; the last message must be one (the question).
     User,
+    /// An earlier answer, kept in the history.
     Assistant,
+    /// A tool's result; refused, as docent calls no tools.
     Tool,
+    /// The older form of a tool's result; refused.
     Function,
 }
 
@@ -196,12 +222,17 @@ impl std::fmt::Display for ChatRole {
     }
 }
 
+/// One message of a chat request.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Message {
+    /// Who wrote the message.
     pub role: ChatRole,
     /// A string or an array of `{"type": "text", "text": …}` parts.
     #[serde(default)]
     pub content: Option<Value>,
+    /// Every other field of the message: `name`, `refusal` and `annotations` are ignored,
+    /// `tool_calls`, `function_call` and `audio` accepted only when null or empty, the rest
+    /// refused.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -209,8 +240,11 @@ pub struct Message {
 /// A chat request as docent answers it.
 #[derive(Debug, Clone)]
 pub struct Mapped {
+    /// The request to put to the query path.
     pub query: QueryRequest,
+    /// Whether to answer as a stream of chunks.
     pub stream: bool,
+    /// Whether a stream ends with a usage chunk (`stream_options.include_usage`).
     pub include_usage: bool,
     /// The request's name for the token budget, for errors about it.
     max_tokens_param: &'static str,
@@ -528,10 +562,14 @@ impl Mapped {
     }
 }
 
+/// Token counts of one answer, in OpenAI's `usage` shape.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChatUsage {
+    /// Tokens of the prompt the model was given.
     pub prompt_tokens: usize,
+    /// Tokens the model generated.
     pub completion_tokens: usize,
+    /// The sum of the two.
     pub total_tokens: usize,
 }
 
@@ -570,38 +608,58 @@ pub fn finish_reason(r: &QueryResponse, max_tokens: usize) -> &'static str {
 /// `POST /v1/chat/completions` response (`stream: false`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChatCompletion {
+    /// The completion's id: `chatcmpl-` and a random UUID.
     pub id: String,
+    /// Always `"chat.completion"`.
     pub object: &'static str,
+    /// When the request was received, Unix seconds.
     pub created: u64,
+    /// The served model's id.
     pub model: String,
+    /// The one answer.
     pub choices: Vec<Choice>,
+    /// Token counts of the answer.
     pub usage: ChatUsage,
     /// docent's extra: the cited chunks, as `/v1/query` returns them.
     pub citations: Vec<Citation>,
 }
 
+/// One answer of a [`ChatCompletion`].
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Choice {
+    /// Always 0: docent makes one answer per request.
     pub index: u32,
+    /// The answer.
     pub message: AssistantMessage,
+    /// Always null: docent returns no log probabilities.
     pub logprobs: Option<Value>,
+    /// Why the answer ended: `stop`, `length` or `content_filter` (see [`finish_reason`]).
     pub finish_reason: &'static str,
 }
 
+/// The answer as an assistant message.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AssistantMessage {
+    /// Always `"assistant"`.
     pub role: &'static str,
+    /// The answer's text, as `answer` in `/v1/query` returns it.
     pub content: String,
+    /// Always null: a refusal is given as the answer's text.
     pub refusal: Option<String>,
 }
 
 /// One `data:` object of a streamed completion.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Chunk {
+    /// The completion's id, the same on every chunk of a stream.
     pub id: String,
+    /// Always `"chat.completion.chunk"`.
     pub object: &'static str,
+    /// When the request was received, Unix seconds; the same on every chunk.
     pub created: u64,
+    /// The served model's id.
     pub model: String,
+    /// One choice with this chunk's delta; empty on the usage chunk.
     pub choices: Vec<ChunkChoice>,
     /// Absent without `stream_options.include_usage`; with it, null on every chunk but
     /// the last, which has it (and no choices).
@@ -612,18 +670,26 @@ pub struct Chunk {
     pub citations: Option<Vec<Citation>>,
 }
 
+/// The one choice of a streamed [`Chunk`].
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChunkChoice {
+    /// Always 0.
     pub index: u32,
+    /// What this chunk adds to the answer.
     pub delta: Delta,
+    /// Always null: docent returns no log probabilities.
     pub logprobs: Option<Value>,
+    /// Null until the last chunk with a choice, which says why the answer ended.
     pub finish_reason: Option<&'static str>,
 }
 
+/// What a streamed chunk adds to the answer: the role on the first chunk, text after it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Delta {
+    /// `"assistant"` on the first chunk; omitted on the others.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
+    /// The next piece of the answer's text; omitted when there is none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
 }
@@ -631,14 +697,19 @@ pub struct Delta {
 /// What every response to one request shares: its id, time and model.
 #[derive(Debug, Clone)]
 pub struct Reply {
+    /// The completion's id: `chatcmpl-` and a random UUID as 32 hex digits.
     pub id: String,
+    /// When the reply was started, Unix seconds.
     pub created: u64,
+    /// The served model's id.
     pub model: String,
     /// The request's token budget (resolved), for `finish_reason`.
     pub max_tokens: usize,
 }
 
 impl Reply {
+    /// A reply with a new id and the current time, for `model` with a budget of
+    /// `max_tokens`.
     pub fn new(model: String, max_tokens: usize) -> Reply {
         Reply {
             id: format!("chatcmpl-{}", uuid::Uuid::new_v4().simple()),
@@ -650,6 +721,7 @@ impl Reply {
         }
     }
 
+    /// The non-streamed response for the answer `r`.
     pub fn completion(&self, r: QueryResponse) -> ChatCompletion {
         ChatCompletion {
             id: self.id.clone(),
@@ -684,6 +756,8 @@ pub struct ChunkWriter {
 }
 
 impl ChunkWriter {
+    /// A writer for `reply`'s stream; `include_usage` adds the usage chunk before
+    /// `[DONE]`.
     pub fn new(reply: Reply, include_usage: bool) -> ChunkWriter {
         ChunkWriter {
             reply,

@@ -165,6 +165,8 @@ pub fn documents(
     })
 }
 
+/// The HTTP server, bound and wired, with what it must wind down when it stops (ingest
+/// jobs, the store, background passage precomputation).
 pub struct Application {
     port: u16,
     server: Server,
@@ -276,6 +278,7 @@ impl Application {
         })
     }
 
+    /// The port the server listens on (the one picked when the configured port was 0).
     pub fn port(&self) -> u16 {
         self.port
     }

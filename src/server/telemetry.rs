@@ -6,6 +6,8 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
 
+/// Installs the global `tracing` subscriber, writing to stderr in `format` (ANSI colours
+/// only when stderr is a terminal). A second call does nothing.
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new(

@@ -7,17 +7,26 @@ use serde::Serialize;
 
 use crate::query::generate::catalog::{self, KnownModel};
 
+/// One catalog model as `docent models` lists it (a table row, or one object of the JSON).
 #[derive(Debug, Serialize)]
 pub struct ModelRow {
+    /// The catalog name (what `generation.model` may be set to).
     pub name: String,
+    /// One line on what the model is.
     pub description: String,
+    /// Where its file is, or would be, in the models directory.
     pub path: String,
-    /// The pinned size, else the installed file's.
+    /// The pinned size in bytes, else the installed file's; `None` when neither is known.
     pub bytes: Option<u64>,
+    /// The file is there.
     pub installed: bool,
+    /// The configuration's `generation.model` resolves to this file.
     pub configured: bool,
+    /// The model's licence, as the catalog names it.
     pub licence: String,
+    /// Where the file comes from.
     pub origin: String,
+    /// The file's pinned sha256 (hex), where the catalog pins one.
     pub sha256: Option<String>,
     /// How to install it.
     pub setup: String,

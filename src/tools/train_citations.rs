@@ -36,6 +36,7 @@ use crate::tools::train_refusal::{self as refusal, Example, States};
 pub struct Answer {
     /// The example's id (`<question>/retrieved`).
     pub example: String,
+    /// The example's split: `train` or `dev`.
     pub split: String,
     /// The model's text, as generated.
     pub text: String,
@@ -63,42 +64,63 @@ impl Answer {
     }
 }
 
+/// `docent train-citations`' settings (its flags).
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// Our questions (`training/refusal/questions.jsonl`), for their gold answers.
     pub questions: PathBuf,
+    /// encyclo-factoid's folder, for its dev half's gold answers; `None` for none.
     pub encyclo: Option<PathBuf>,
+    /// The refusal probe's examples (`training/refusal/examples.jsonl`); the `retrieved`
+    /// ones are answered.
     pub examples: PathBuf,
+    /// Tokens per answer.
     pub max_tokens: usize,
+    /// Answer again instead of reading the answers and states kept in the model cache.
     pub extract: bool,
+    /// The logistic probes' C (inverse L2 penalty).
     pub c: f64,
 }
 
 /// One way of citing, measured on dev.
 #[derive(Debug, Clone, Serialize)]
 pub struct SignalRow {
+    /// The way of citing, in words.
     pub setting: String,
+    /// Citations it gives over dev's shown answers.
     pub citations: usize,
+    /// Citations whose passage holds a gold answer.
     pub precision: f64,
+    /// Answerable answers (their passages hold a gold answer) with at least one such
+    /// citation.
     pub coverage: f64,
 }
 
+/// What `docent train-citations` measured. Its `Display` is the printed report.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
+    /// Examples answered.
     pub answers: usize,
-    /// Answers with a marker the model wrote, and those markers (train, dev).
+    /// Answers with a marker the model wrote.
     pub answers_with_markers: usize,
+    /// The markers the model wrote that have a state: (train, dev).
     pub markers: (usize, usize),
-    /// Dev AUROC of the support check and of the best layer's state probe (layer), for
-    /// telling the model's markers whose passage lacks the answer.
+    /// Dev AUROC of the support check, for telling the model's markers whose passage lacks
+    /// the answer.
     pub support_auroc: f64,
+    /// The same for the best layer's probe on the marker's state: (layer, dev AUROC);
+    /// `None` when no probe could be fitted.
     pub probe_auroc: Option<(usize, f64)>,
-    /// Claim sentences with a state (train, dev), and the dev AUROC of the best layer's
-    /// claim probe (whether a sentence's best-supported passage lacks the answer).
+    /// Claim sentences worth attributing that have a state: (train, dev).
     pub claims: (usize, usize),
+    /// The best layer's claim probe (whether a sentence's best-supported passage lacks the
+    /// answer): (layer, dev AUROC); `None` when none could be fitted.
     pub claim_probe_auroc: Option<(usize, f64)>,
-    /// Dev answers shown (not refused by the refusal probe), and of them answerable.
+    /// Dev answers shown (not refused by the refusal probe).
     pub dev_shown: usize,
+    /// Of them, answers whose passages hold a gold answer.
     pub dev_answerable: usize,
+    /// The ways of citing, measured on those dev answers.
     pub rows: Vec<SignalRow>,
 }
 

@@ -14,18 +14,29 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
+/// One line of the data set `training/injection/make_dataset.py` writes.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Row {
+    /// The text.
     pub text: String,
+    /// 1: an injection, 0: benign.
     pub label: u8,
+    /// `train`, `dev`, `test` or `eval` (evaluation only); only `train` is learnt from and
+    /// only `dev` chooses the threshold.
     pub split: String,
+    /// The attack style or kind of benign text (`direct`, `benign_question`…).
     pub category: String,
 }
 
+/// How [`fit`] trains and [`choose_threshold`] chooses (`docent train-injection`'s flags);
+/// the defaults are the shipped model's.
 #[derive(Debug, Clone, Copy)]
 pub struct Settings {
+    /// Passes over the training units (shuffled with a fixed seed each time).
     pub epochs: usize,
+    /// AdaGrad's base step size.
     pub learning_rate: f32,
+    /// L2 penalty per update.
     pub l2: f32,
     /// Highest false-positive rate allowed on each benign category of `dev`.
     pub max_false_positives: f64,
@@ -54,19 +65,28 @@ impl Default for Settings {
     }
 }
 
+/// The share of one category's texts of one label that the model flags.
 #[derive(Debug, Clone, Serialize)]
 pub struct CategoryRate {
+    /// The category.
     pub category: String,
+    /// 1: attacks, 0: benign texts.
     pub label: u8,
+    /// Texts of this category and label in the split.
     pub texts: usize,
     /// Share flagged: detection for attacks, false positives for benign texts.
     pub flagged: f64,
 }
 
+/// What `docent train-injection` trained and measured. Its `Display` is the printed report.
 #[derive(Debug, Clone, Serialize)]
 pub struct TrainReport {
+    /// Units learnt from: each training text, each piece of a benign one, and each text
+    /// decoded from one.
     pub train_units: usize,
+    /// The threshold chosen on dev, as the written file holds it (quantised).
     pub threshold: f32,
+    /// The flagged share per category and label of `dev`, at that threshold.
     pub dev: Vec<CategoryRate>,
     /// The benign dev texts that score highest: (score, category, start of the text).
     pub hardest_benign: Vec<(f32, String, String)>,

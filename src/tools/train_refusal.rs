@@ -54,21 +54,29 @@ pub(crate) struct Question {
 /// One passage of an example's prompt.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Passage {
+    /// The title of the passage's document.
     pub title: String,
+    /// The passage's source, as the search hit gives it.
     pub source: String,
+    /// The passage's text (with the answer's sentences taken out in an `answer_removed`
+    /// example).
     pub text: String,
 }
 
 /// One prompt to read, and whether its passages fail to answer its question.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Example {
+    /// `<question id>/<variant>`.
     pub id: String,
     /// Where the question comes from (`rust-book`, `rfcs`, `encyclo-factoid`).
     pub origin: String,
     /// `retrieved` (as the query path retrieves) or `answer_removed`.
     pub variant: String,
+    /// `train` or `dev` (one question in five, by a hash of its id), or `calibration`.
     pub split: String,
+    /// The question's text.
     pub question: String,
+    /// The passages the prompt gives, in order.
     pub passages: Vec<Passage>,
     /// The passages do not hold the answer: the probe should refuse.
     pub refuse: bool,
@@ -78,20 +86,31 @@ pub struct Example {
     pub answerable: Option<bool>,
 }
 
+/// `docent train-refusal`'s settings (its flags, with the paths resolved for the model).
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// Our questions (`training/refusal/questions.jsonl`), over the corpora below.
     pub questions: PathBuf,
     /// Corpus name (as the questions name it) → its `corpus.jsonl`.
     pub corpora: Vec<(String, PathBuf)>,
     /// encyclo-factoid's folder (its dev half is used), if any.
     pub encyclo: Option<PathBuf>,
+    /// The examples file (step 1), made when missing or with `rebuild`.
     pub examples: PathBuf,
+    /// The states file at `layer` (step 2), made when missing or with `extract`.
     pub states: PathBuf,
+    /// Where the probe file is written.
     pub out: PathBuf,
+    /// The layer the probe reads (0: after the first decoder layer).
     pub layer: usize,
+    /// How the probe is fitted.
     pub method: Method,
+    /// The highest share of the calibration set's answerable questions (without one, of
+    /// dev's examples whose passages hold the answer) the threshold may refuse.
     pub max_false_refusals: f64,
+    /// Make the examples again (and so the states).
     pub rebuild: bool,
+    /// Read the states again, every layer's.
     pub extract: bool,
     /// Also time what reading the states adds to a prefill over this many examples.
     pub time: usize,
@@ -105,6 +124,7 @@ pub struct Settings {
 /// variants), and a refusal counts as false when the corpus answers the question.
 #[derive(Debug, Clone)]
 pub struct Calibration {
+    /// The calibration questions (`training/refusal/calibration.jsonl`).
     pub questions: PathBuf,
     /// Made when missing or with `--rebuild`.
     pub examples: PathBuf,
@@ -119,10 +139,16 @@ pub struct Calibration {
 pub enum Method {
     /// An L2-regularised logistic regression on standardised states
     /// ([`probe::fit_logistic`]), with this `C` (inverse penalty).
-    Logistic { c: f64 },
+    Logistic {
+        /// The inverse L2 penalty.
+        c: f64,
+    },
     /// The difference of the class means (Lavi et al.), optionally scaled per dimension
     /// by the pooled variance ([`probe::fit`]).
-    MeanDifference { scaled: bool },
+    MeanDifference {
+        /// Divide each dimension by the pooled variance.
+        scaled: bool,
+    },
 }
 
 /// The regularisation the shipped probes use (`--c`), chosen on dev with the layer.
@@ -140,20 +166,28 @@ impl Method {
 /// What a run measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
+    /// Examples read.
     pub examples: usize,
+    /// Of them, in the train split.
     pub train: usize,
+    /// Of them, in the dev split.
     pub dev: usize,
     /// Per layer read: dev AUROC of the logistic probe (at `--c`), the difference of
     /// means and the scaled difference.
     pub layers: Vec<(usize, f64, f64, f64)>,
+    /// The layer the written probe reads.
     pub layer: usize,
+    /// The written probe's AUROC on dev.
     pub dev_auroc: f64,
+    /// The written probe's threshold (chosen on the calibration set, else on dev).
     pub threshold: f32,
-    /// On dev at the threshold: share of refuse examples refused, of answer examples refused.
+    /// On dev at the threshold: the share of refuse examples refused.
     pub dev_refused: f64,
+    /// On dev at the threshold: the share of answer examples refused.
     pub dev_false_refusals: f64,
     /// Dev curve: (threshold, refused, false refusals).
     pub curve: Vec<(f32, f64, f64)>,
+    /// Where the probe file was written.
     pub out: PathBuf,
     /// `--time`: median ms of a first step without and with the probe's layer read, and
     /// the median of their paired differences.
@@ -165,12 +199,15 @@ pub struct Report {
 /// The probe on the calibration set (a refusal is false when the corpus answers).
 #[derive(Debug, Clone, Serialize)]
 pub struct CalibrationReport {
+    /// Calibration examples (one per question the query path retrieved passages for).
     pub examples: usize,
+    /// Of them, questions the corpus does not answer.
     pub unanswerable: usize,
     /// AUROC of the score against "the corpus does not answer".
     pub auroc: f64,
-    /// At the threshold: share of the unanswerable questions refused, of the answerable.
+    /// At the threshold: the share of the unanswerable questions refused.
     pub refused: f64,
+    /// At the threshold: the share of the answerable questions refused.
     pub false_refusals: f64,
     /// (threshold, refused, false refusals) at [`CALIBRATION_CURVE`].
     pub curve: Vec<(f32, f64, f64)>,
@@ -458,6 +495,7 @@ pub(crate) fn prompt_of(
 pub struct States {
     /// The layers kept, in order.
     pub layers: Vec<usize>,
+    /// Values per state (the model's hidden size).
     pub hidden: usize,
     /// Per example (in the examples' order), per kept layer, the state.
     pub values: Vec<Vec<Vec<f32>>>,

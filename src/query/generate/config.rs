@@ -65,6 +65,8 @@ pub(crate) fn one() -> f64 {
     1.0
 }
 
+/// The `[generation]` settings: the model, how it is loaded and run, and the answers'
+/// default sampling.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GenerationConfig {
@@ -96,9 +98,11 @@ pub struct GenerationConfig {
     /// `auto`: GPU 0 when the build has CUDA and a GPU opens, else the CPU. See
     /// `generate::device`.
     pub device: String,
+    /// Most tokens an answer may have when the request does not say.
     pub max_tokens: usize,
     /// Largest `max_tokens` a request may ask for.
     pub max_tokens_limit: usize,
+    /// Sampling temperature when the request does not say; 0 decodes greedily.
     pub temperature: f64,
     /// Nucleus sampling: keep the most likely tokens up to this probability mass (1 = off;
     /// applies when temperature > 0).
@@ -157,9 +161,9 @@ pub struct GenerationConfig {
     /// decode reads eight rows at once).
     #[serde(default = "default_true")]
     pub repack: bool,
-    /// Continuous batching on the CPU (GGUF llama, mistral3 and qwen2 models, no draft model): answers of
-    /// different lengths decode together in one forward pass, and a new request joins the
-    /// running batch between steps.
+    /// Continuous batching on the CPU (GGUF llama, mistral3 and qwen2 models, no draft
+    /// model): answers of different lengths decode together in one forward pass, and a new
+    /// request joins the running batch between steps.
     #[serde(default = "yes")]
     pub continuous_batching: bool,
     /// With continuous batching, prompts are prefilled this many tokens per step, so answers
@@ -298,6 +302,7 @@ pub(crate) fn default_refusal_threshold() -> f32 {
     0.7
 }
 
+/// `generation.draft`: the draft model of speculative decoding.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DraftConfig {

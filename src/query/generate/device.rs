@@ -17,8 +17,11 @@ use mistralrs::Device;
 /// `generation.device`, parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceChoice {
+    /// The CPU (`cpu`).
     Cpu,
+    /// GPU 0 when the build has CUDA and the GPU opens, else the CPU (`auto`).
     Auto,
+    /// GPU n (`cuda` for 0, or `cuda:N`); an error in a build without CUDA.
     Cuda(usize),
 }
 

@@ -55,14 +55,27 @@ use tokio::sync::mpsc;
 
 use crate::query::prompt::{Prompt, Role, TokenCounter};
 
+/// Why the model could not be loaded or could not generate.
 #[derive(Debug, thiserror::Error)]
 pub enum GenerateError {
+    /// The model file is not there.
     #[error("generation model {path} does not exist; run `make setup` or set generation.model")]
-    ModelMissing { path: PathBuf },
+    ModelMissing {
+        /// The path looked for.
+        path: PathBuf,
+    },
+    /// Loading the model failed; `message` says why.
     #[error("loading the generation model {path}: {message}")]
-    Load { path: PathBuf, message: String },
+    Load {
+        /// The model, as `generation.model` names it.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// The engine refused the request as invalid (422 for the client).
     #[error("the request was rejected by the engine: {0}")]
     Validation(String),
+    /// The engine failed while generating, or dropped the request.
     #[error("generation failed: {0}")]
     Engine(String),
 }
@@ -70,6 +83,7 @@ pub enum GenerateError {
 /// Per-request decoding settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Params {
+    /// Most tokens to generate.
     pub max_tokens: usize,
     /// 0 means greedy.
     pub temperature: f64,
@@ -137,14 +151,19 @@ impl Params {
 /// A finished generation.
 #[derive(Debug, Clone)]
 pub struct Generation {
+    /// The generated text.
     pub text: String,
+    /// Tokens in the prompt, as the engine counted them (0 when it sent no usage).
     pub prompt_tokens: usize,
+    /// Tokens generated.
     pub completion_tokens: usize,
+    /// Why the generation ended, as the engine says it (such as `stop` or `length`).
     pub finish_reason: String,
     /// Ids of the generated tokens, when asked for (`complete_tokens`).
     pub token_ids: Option<Vec<u32>>,
     /// The engine's own timings: prompt (prefill) and completion (decode) seconds.
     pub prompt_secs: f64,
+    /// Seconds the engine spent decoding the completion.
     pub completion_secs: f64,
 }
 
@@ -178,6 +197,8 @@ impl Generation {
     }
 }
 
+/// A loaded model and its mistral.rs engine: what the rest of docent generates with. One per
+/// process ([`SharedGenerator`]).
 pub struct Generator {
     model: Model,
     path: PathBuf,
@@ -240,6 +261,7 @@ impl Generator {
         self.context_tokens
     }
 
+    /// Generations in the engine now, and streams cancelled so far.
     pub fn stats(&self) -> EngineStats {
         EngineStats {
             active: self.counters.active.load(Ordering::Relaxed),
@@ -247,6 +269,7 @@ impl Generator {
         }
     }
 
+    /// The model file (resolved from `generation.model`).
     pub fn model_path(&self) -> &Path {
         &self.path
     }

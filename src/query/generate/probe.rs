@@ -43,10 +43,23 @@ pub fn shipped(name: &str) -> Option<&'static str> {
 /// Why a probe cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
+    /// The probe file could not be read.
     #[error("reading the refusal probe {path}: {message}")]
-    Read { path: PathBuf, message: String },
+    Read {
+        /// The probe file.
+        path: PathBuf,
+        /// Why it could not be read.
+        message: String,
+    },
+    /// The text is not a probe file of this format, or its contents do not fit together.
     #[error("the refusal probe {name} is not a {FORMAT} file: {message}")]
-    Format { name: String, message: String },
+    Format {
+        /// The probe's name (its file, or the shipped probe's name).
+        name: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The probe was trained for another model file than the one loaded.
     #[error(
         "the refusal probe {name} was trained for the model file with sha256 {expected}, but \
          {model} has sha256 {found}; run `make setup` to restore the pinned model, train a probe \
@@ -54,9 +67,13 @@ pub enum ProbeError {
          generation.refusal_probe, or set generation.refusal = \"first_token\""
     )]
     ModelMismatch {
+        /// The probe's name (its file).
         name: String,
+        /// The model file loaded.
         model: String,
+        /// The sha256 of the model file the probe was trained for.
         expected: String,
+        /// The sha256 of the model file loaded.
         found: String,
     },
 }
@@ -65,6 +82,7 @@ pub enum ProbeError {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProbeFile {
+    /// The format tag, [`FORMAT`].
     pub format: String,
     /// The catalog name (or file name) of the model it was trained for.
     pub model: String,
@@ -76,6 +94,7 @@ pub struct ProbeFile {
     pub weights: Vec<f32>,
     /// The logistic fit: probability = sigmoid(scale × (weights · state) + bias).
     pub scale: f32,
+    /// The logistic fit's offset (see `scale`).
     pub bias: f32,
     /// The threshold (refused at or above), chosen on the calibration set (natural
     /// questions written apart) or, without one, on the dev split.
@@ -87,6 +106,7 @@ pub struct ProbeFile {
 /// A probe ready to score states.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Probe {
+    /// The probe as its file holds it.
     pub file: ProbeFile,
 }
 
@@ -214,6 +234,7 @@ pub fn file_sha256(path: &Path) -> std::io::Result<String> {
 pub struct StateReader {
     /// The layers to read (empty: every layer).
     pub layers: Vec<usize>,
+    /// The states at the prompt's last token, one per layer read, once the prefill ran.
     pub states: Mutex<Option<Vec<Vec<f32>>>>,
 }
 
@@ -243,12 +264,14 @@ impl mistralrs::CustomLogitsProcessor for StateReader {
 pub struct ProbeScore(Mutex<Option<f32>>);
 
 impl ProbeScore {
+    /// Records the score (`None`: the states did not fit the probe); a later call replaces it.
     pub fn set(&self, score: Option<f32>) {
         if let Ok(mut s) = self.0.lock() {
             *s = score;
         }
     }
 
+    /// The score recorded, if any.
     pub fn get(&self) -> Option<f32> {
         self.0.lock().ok().and_then(|s| *s)
     }
@@ -257,7 +280,9 @@ impl ProbeScore {
 /// The probe a request reads with, and where its score goes.
 #[derive(Clone)]
 pub struct ProbeRead {
+    /// The probe to score the prompt's state with.
     pub probe: Arc<Probe>,
+    /// Where the score goes.
     pub score: Arc<ProbeScore>,
 }
 
@@ -266,7 +291,9 @@ pub struct ProbeRead {
 /// One training example's state at the probe's layer and whether its passages do not hold
 /// the answer (`true`: should be refused).
 pub struct Labelled<'a> {
+    /// The hidden state at the probe's layer, at the prompt's last token.
     pub state: &'a [f32],
+    /// True when the passages do not hold the answer (the question should be refused).
     pub refuse: bool,
 }
 

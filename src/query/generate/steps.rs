@@ -38,6 +38,8 @@ pub struct Steps {
 }
 
 impl StepReader {
+    /// A reader of `layers` (0: after the first decoder layer; empty: every layer), nothing
+    /// kept yet.
     pub fn new(layers: Vec<usize>) -> Self {
         StepReader {
             layers,

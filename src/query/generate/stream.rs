@@ -31,7 +31,9 @@ impl Drop for Active<'_> {
 /// A snapshot of [`Counters`].
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct EngineStats {
+    /// Generations running or waiting in the engine now.
     pub active: usize,
+    /// Streams given up by their client whose sequence the engine has dropped, since start.
     pub cancelled: u64,
 }
 

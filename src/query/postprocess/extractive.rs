@@ -13,6 +13,7 @@ use super::{words as content_words, SENTENCE_END};
 pub struct Candidate {
     /// The block number (1-based, as in the prompt's `[n]`).
     pub n: usize,
+    /// The sentence, trimmed (paragraph lines joined with spaces).
     pub text: String,
 }
 

@@ -119,6 +119,7 @@ fn share(unit: &HashSet<String>, of: &HashSet<String>) -> f32 {
 /// Why a unit is not shown as it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
+    /// Shown as it is.
     Keep,
     /// Left out: the prompt's instructions or the question, echoed.
     Echo,
@@ -288,6 +289,8 @@ impl Guard {
         None
     }
 
+    /// What to do with the next released `unit` (a sentence or a line); a kept unit is
+    /// remembered, to find later repeats.
     pub fn check(&mut self, unit: &str) -> Verdict {
         let w = words(unit);
         if w.is_empty() {

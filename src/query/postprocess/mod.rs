@@ -20,14 +20,20 @@ use serde::{Deserialize, Serialize};
 pub struct Citation {
     /// The block number used in the answer's `[n]` markers.
     pub n: usize,
+    /// The cited document's content id (hex SHA-256 of its text).
     pub document_id: String,
+    /// The first source that holds the document.
     pub source: String,
+    /// The document's title.
     pub title: String,
+    /// The chunk's position in its document, from 0.
     pub chunk_index: usize,
     /// 1-based page, for paged formats (PDF).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub page: Option<u32>,
+    /// Byte range of the block's text in the document's extracted text.
     pub span: Span,
+    /// The chunk's retrieval score (the ranking's).
     pub score: f32,
     /// The sentence of the chunk that best supports the citing answer text.
     pub quote: String,
@@ -286,9 +292,11 @@ pub fn cite(answer: &str, blocks: &[Hit]) -> (String, Vec<Citation>) {
 pub struct Claim {
     /// Byte range in the answer, markers included.
     pub start: usize,
+    /// End of that range (exclusive).
     pub end: usize,
     /// The sentence without its markers.
     pub text: String,
+    /// The block numbers its markers cite, in order.
     pub markers: Vec<usize>,
 }
 
@@ -478,7 +486,9 @@ pub fn attribute(
 /// changes later) and citations whose markers completed in it.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct StreamStep {
+    /// Text to show now, appended to what was shown before.
     pub text: String,
+    /// Citations whose markers completed in this text, each block once per answer.
     pub citations: Vec<Citation>,
     /// A stop sequence was found: the answer is complete.
     pub stopped: bool,
@@ -509,6 +519,7 @@ static CLOSED_MARKER: LazyLock<Regex> = LazyLock::new(|| {
 });
 
 impl AnswerStream {
+    /// A stream that ends the answer at the first of `stops` (empty ones ignored).
     pub fn new(stops: &[String]) -> Self {
         AnswerStream {
             stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),

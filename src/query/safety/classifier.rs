@@ -297,7 +297,9 @@ pub fn scored_alone(piece: &str) -> bool {
 /// A trained model: one weight per bucket and a bias, and the score at which it flags.
 #[derive(Clone)]
 pub struct Model {
+    /// One weight per feature bucket ([`BUCKETS`] of them).
     pub weights: Vec<f32>,
+    /// The logistic regression's bias (log-odds with no feature).
     pub bias: f32,
     /// Probability at or above which a text is flagged.
     pub threshold: f32,
@@ -321,6 +323,7 @@ fn sigmoid(x: f32) -> f32 {
 }
 
 impl Model {
+    /// An untrained model: every weight 0, threshold 0.5, every signal on.
     pub fn zeros() -> Self {
         Model {
             weights: vec![0.0; BUCKETS],
@@ -392,6 +395,8 @@ impl Model {
         out
     }
 
+    /// Reads what [`Self::to_bytes`] writes (or a version-1 file: no signals); an error for
+    /// another format or a wrong length.
     pub fn from_bytes(b: &[u8]) -> Result<Self, String> {
         let f = |at: usize| -> f32 {
             let mut x = [0u8; 4];

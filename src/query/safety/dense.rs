@@ -20,19 +20,26 @@ const FITS_COSINE: f32 = 0.98;
 /// A trained head: `hidden` ReLU units over a `dim`-long unit vector, one output logit.
 #[derive(Clone)]
 pub struct Head {
+    /// Length of the input vector (the embedding model's dimension).
     pub dim: usize,
+    /// Number of hidden ReLU units.
     pub hidden: usize,
     /// `hidden` rows of `dim` weights.
     pub w1: Vec<f32>,
+    /// The hidden units' biases (`hidden` of them).
     pub b1: Vec<f32>,
+    /// The output's weights over the hidden units (`hidden` of them).
     pub w2: Vec<f32>,
+    /// The output's bias.
     pub b2: f32,
     /// The logit at or above which a vector is flagged.
     pub threshold: f32,
     /// A sentence, its vector under the model the head was trained on, and the head's
     /// logit there as the trainer computed it.
     pub probe: String,
+    /// The probe's vector under the model the head was trained on.
     pub probe_vector: Vec<f32>,
+    /// The head's logit at `probe_vector`, as the trainer computed it.
     pub probe_logit: f32,
 }
 
@@ -98,6 +105,7 @@ impl Head {
         out
     }
 
+    /// Reads what [`Self::to_bytes`] writes; an error for another format or a wrong length.
     pub fn from_bytes(b: &[u8]) -> Result<Self, String> {
         let bad = |why: &str| format!("not a docent injection head ({} bytes): {why}", b.len());
         if b.get(..8) != Some(MAGIC.as_slice()) || b.len() < 28 {

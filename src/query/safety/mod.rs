@@ -34,8 +34,11 @@ pub struct SafetyConfig {
     /// Per kind: `redact` (default), `mask` or `allow`.
     #[serde(default)]
     pub pii: PiiRules,
+    /// What to do with a retrieved chunk that carries instructions to the model.
     #[serde(default)]
     pub chunk_injection: ChunkInjection,
+    /// What to do with a question that carries instructions to the model: flag (default) or
+    /// block.
     #[serde(default)]
     pub question_injection: QuestionInjection,
     /// Regular expressions; an answer that matches one is withheld.
@@ -43,7 +46,8 @@ pub struct SafetyConfig {
     pub deny: Vec<String>,
     /// Quote every prompt's context between fence tags that are new per request, and say
     /// in the system part that text inside is data (spotlighting). Off by default: the
-    /// shipped 135M model answers worse with the tags in its prompt (docs/evaluation.md, "Prompt-injection detection").
+    /// shipped 135M model answers worse with the tags in its prompt (docs/evaluation.md,
+    /// "Prompt-injection detection").
     #[serde(default)]
     pub spotlight: bool,
     /// Check each sentence of the answer before it is shown: one that repeats an
@@ -170,6 +174,7 @@ fn is_zero(n: &usize) -> bool {
 }
 
 impl SafetyReport {
+    /// Adds `r` to the reasons, once.
     pub fn reason(&mut self, r: impl Into<String>) {
         let r = r.into();
         if !self.reasons.contains(&r) {
@@ -181,6 +186,7 @@ impl SafetyReport {
 /// The safety stage: one per process, built from `[safety]` and the system prompt.
 #[derive(Debug, Clone)]
 pub struct SafetyFilter {
+    /// The `[safety]` settings it was built from.
     pub config: SafetyConfig,
     deny: Vec<Regex>,
 }
@@ -189,6 +195,7 @@ pub struct SafetyFilter {
 const ECHO_CHARS: usize = 60;
 
 impl SafetyFilter {
+    /// The filter for `config`; an error naming the `deny` pattern that does not compile.
     pub fn new(config: SafetyConfig) -> Result<Self, String> {
         let deny = config.deny_patterns()?;
         Ok(SafetyFilter { config, deny })

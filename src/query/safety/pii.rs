@@ -14,16 +14,25 @@ use unicode_normalization::UnicodeNormalization;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PiiKind {
+    /// An email address.
     Email,
+    /// A phone number (an optional country code, then 7–15 digits in groups).
     Phone,
+    /// A payment card number: 12–19 digits that pass the Luhn check.
     CreditCard,
+    /// An IBAN that passes the ISO 13616 mod-97 check.
     Iban,
+    /// A US Social Security number outside the SSA's reserved ranges.
     UsSsn,
+    /// An IPv4 or IPv6 address.
     IpAddress,
+    /// An API key or token: a well-known prefix (`sk-`, `ghp_`, `AKIA`…), or a long mixed
+    /// string of high entropy.
     ApiKey,
 }
 
 impl PiiKind {
+    /// Every kind.
     pub const ALL: [PiiKind; 7] = [
         PiiKind::Email,
         PiiKind::Phone,
@@ -64,8 +73,11 @@ pub enum PiiAction {
 /// One match, in byte offsets of the original text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PiiMatch {
+    /// What was found.
     pub kind: PiiKind,
+    /// First byte of the match.
     pub start: usize,
+    /// End of the match (exclusive).
     pub end: usize,
 }
 
@@ -388,6 +400,7 @@ impl Default for PiiRules {
 }
 
 impl PiiRules {
+    /// What to do with `kind` (redact when not listed).
     pub fn action(&self, kind: PiiKind) -> PiiAction {
         self.0.get(&kind).copied().unwrap_or_default()
     }

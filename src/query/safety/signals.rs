@@ -25,16 +25,25 @@ use regex::Regex;
 /// A group of signals, switched on or off together (a bit of the model file's mask).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Signal {
+    /// The text speaks of or to "the assistant", "the model", "the AI".
     AiAddressee,
+    /// A sentence in the imperative, or a modal order ("you must", "should now").
     Imperative,
+    /// An imperative or a modal order in a sentence that names the AI.
     Directive,
+    /// A change of script or of language inside the text.
     Shift,
+    /// Part of the text is base64, hex, ROT13, leetspeak, spaced-out or reversed text that
+    /// decodes to words.
     Encoded,
+    /// A link or tool call built to carry data out.
     Exfiltration,
+    /// A sentence that turns to its reader inside a text that otherwise describes (English).
     Addressee,
 }
 
 impl Signal {
+    /// Every group, in bit order.
     pub const ALL: [Signal; 7] = [
         Signal::AiAddressee,
         Signal::Imperative,
@@ -45,6 +54,7 @@ impl Signal {
         Signal::Addressee,
     ];
 
+    /// The group's name, as `docent train-injection --without-signals` takes it.
     pub fn name(self) -> &'static str {
         match self {
             Signal::AiAddressee => "ai_addressee",
@@ -57,10 +67,12 @@ impl Signal {
         }
     }
 
+    /// The group's bit in a signal mask ([`ALL_SIGNALS`], [`SHIPPED_SIGNALS`]).
     pub fn bit(self) -> u32 {
         1 << (self as u32)
     }
 
+    /// The group called `name` ([`Signal::name`]), if any.
     pub fn parse(name: &str) -> Option<Signal> {
         Signal::ALL.into_iter().find(|s| s.name() == name)
     }

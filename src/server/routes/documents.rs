@@ -23,14 +23,22 @@ use crate::server::jobs::{Jobs, Status};
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UploadMetadata {
+    /// A title for every file of the upload (at most 1024 bytes), replacing the one the
+    /// loader found.
     pub title: Option<String>,
+    /// Tags given to every file of the upload; empty by default.
     #[serde(default)]
     pub tags: Vec<String>,
+    /// The collection the files go into; their sources become `collection/file name`.
     pub collection: Option<String>,
 }
 
+/// What the document routes share: the ingest pipeline, the job registry and the upload
+/// limits. Registered as app data.
 pub struct Documents {
+    /// The ingest pipeline (embedder and store) uploads go through.
     pub ingestor: Arc<Ingestor>,
+    /// The ingest jobs started over HTTP.
     pub jobs: Jobs,
     /// Largest accepted file, bytes.
     pub max_file_bytes: usize,
@@ -344,7 +352,9 @@ fn run_job(docs: &Documents, job: &str, parsed: Vec<Document>) {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
+    /// Only documents in this collection.
     pub collection: Option<String>,
+    /// Only documents with this tag.
     pub tag: Option<String>,
     /// `ready`, `ingesting` or `failed`.
     pub status: Option<String>,

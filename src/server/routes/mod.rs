@@ -6,7 +6,7 @@
 //! | `POST /v1/query`, `POST /v1/search` | [`query`] |
 //! | `/v1/documents`, `/v1/documents/{id}`, `/v1/jobs/{id}` | [`documents`] |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics` | [`health`] |
-//! | `POST /v1/chat/completions`, `GET /v1/models`, `GET /v1/models/{model}` (OpenAI's format) | [`openai`] |
+//! | `POST /v1/chat/completions`, `GET /v1/models`, `GET /v1/models/{model}` | [`openai`] |
 //! | `GET /`, `GET /assets/{name}` (the web page; public) | [`webpage`] |
 
 pub mod documents;

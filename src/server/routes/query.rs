@@ -6,6 +6,8 @@ use crate::query::{QueryEngine, QueryRequest, SearchRequest};
 use crate::server::error::ApiError;
 use crate::server::sse;
 
+/// `POST /v1/query`: answers the question with citations, as one JSON response or, when
+/// the request sets `stream`, as Server-Sent Events.
 pub async fn answer(
     req: HttpRequest,
     engine: web::Data<QueryEngine>,
@@ -24,6 +26,7 @@ pub async fn answer(
     Ok(HttpResponse::Ok().json(response))
 }
 
+/// `POST /v1/search`: the retrieved chunks for the question, without generating an answer.
 pub async fn search(
     engine: web::Data<QueryEngine>,
     body: web::Json<SearchRequest>,

@@ -22,8 +22,11 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'
 
 /// One embedded file.
 pub struct Asset {
+    /// The file's name under `web/`, as requested at `/assets/{name}`.
     pub name: &'static str,
+    /// The `Content-Type` it is served with.
     pub content_type: &'static str,
+    /// The file's bytes, included at compile time.
     pub body: &'static [u8],
     /// A strong validator: the first 16 bytes of the body's SHA-256, quoted.
     pub etag: String,

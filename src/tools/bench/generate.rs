@@ -18,6 +18,7 @@ use crate::config::{DraftConfig, GenerationConfig};
 use crate::query::generate::{GenerateError, Generator, Params, Schedule, StreamEvent};
 use crate::tools::bench::{Peer, RemoveOnDrop};
 
+/// What to measure.
 pub struct Options {
     /// GGUF files (or other model sources) to measure, each on its own.
     pub models: Vec<PathBuf>,
@@ -28,8 +29,12 @@ pub struct Options {
     pub dtype: String,
     /// Prompt lengths in tokens.
     pub prompt_tokens: Vec<usize>,
+    /// Tokens generated per measured run.
     pub new_tokens: usize,
+    /// Runs per cell; the figures are their medians.
     pub repeat: usize,
+    /// Compute threads, given to the llama.cpp peer too (candle's come from
+    /// RAYON_NUM_THREADS).
     pub threads: usize,
     /// Text the prompts are cut from.
     pub text: PathBuf,
@@ -38,16 +43,19 @@ pub struct Options {
     /// Prompt-lookup drafts of up to this many tokens on the speculative pair's two models
     /// (0: none).
     pub lookup: usize,
-    /// Load-time comparison: a safetensors directory, the ISQ type and a scratch dir for UQFF.
+    /// Load-time comparison: a safetensors directory and the ISQ type (the UQFF file goes
+    /// to a scratch directory of the run).
     pub load: Option<(PathBuf, String)>,
     /// Concurrent clients for the throughput table (first model).
     pub clients: Vec<usize>,
     /// The throughput table's workloads (`rag`, `chat`) and schedules (`arrival`, `cohort`,
     /// `off`: no continuous batching).
     pub workloads: Vec<String>,
+    /// The throughput table's schedules (see `workloads`).
     pub schedules: Vec<String>,
-    /// Distinct prompts for the memory check (0 = skip).
+    /// Distinct prompts for the memory check (10 or fewer: skip).
     pub memory_queries: usize,
+    /// The llama.cpp peer (llama-cpp-python), run on the GGUF files, if wanted.
     pub peer: Option<Peer>,
     /// `generation.kernels` for every engine of the run (`docent` or `candle`).
     pub kernels: String,
@@ -67,17 +75,27 @@ pub struct Options {
 /// One model × prompt cell.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Speed {
+    /// Tokens in the prompt.
     pub prompt_tokens: usize,
+    /// Tokens the first run generated (fewer than asked when the model stopped).
     pub new_tokens: usize,
+    /// Prompt tokens per second of prefill.
     pub prefill_tok_s: f64,
+    /// Generated tokens per second after the first (which comes out of the prefill).
     pub decode_tok_s: f64,
+    /// Time to first token in milliseconds: the wall time of a one-token request.
     pub ttft_ms: f64,
 }
 
+/// One model source's speed per prompt length, docent beside llama.cpp.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelRow {
+    /// The model's file or directory name (with `+ ISQ <type>` for the safetensors export
+    /// quantized at load).
     pub model: String,
+    /// Milliseconds docent took to load it.
     pub load_ms: f64,
+    /// docent's cells, one per prompt length.
     pub docent: Vec<Speed>,
     /// llama.cpp on the same file, when it ran.
     pub llama_cpp: Vec<Speed>,
@@ -86,52 +104,77 @@ pub struct ModelRow {
     /// The greedy token ids each engine generated, per prompt (for `--json` readers that check
     /// where and why the engines part).
     pub docent_ids: Vec<Vec<u32>>,
+    /// The greedy token ids llama.cpp generated, per prompt (empty when it did not run).
     pub llama_cpp_ids: Vec<Vec<u32>>,
 }
 
+/// Speculative decoding with a draft model beside plain decoding of its target.
 #[derive(Debug, Clone, Serialize)]
 pub struct SpeculativeRow {
+    /// The target model's file name.
     pub target: String,
+    /// The draft model's file name.
     pub draft: String,
+    /// Tokens the draft proposes per step.
     pub gamma: usize,
+    /// Tokens in the prompt (the first prompt length).
     pub prompt_tokens: usize,
+    /// Decode tokens per second of the target alone.
     pub plain_decode_tok_s: f64,
+    /// Decode tokens per second of the target with the draft.
     pub speculative_decode_tok_s: f64,
+    /// Decode tokens per second of the draft alone.
     pub draft_decode_tok_s: f64,
+    /// Whether speculative decoding generated exactly the target's plain output.
     pub identical_output: bool,
     /// The same speculative server, requests that leave its draft model out
     /// (`generation.draft_model = false`), with prompt-lookup drafts of up to this many
     /// tokens (0: plain target steps): their decode speed and whether their output is the
     /// plain one.
     pub skipped_lookup_tokens: usize,
+    /// Decode tokens per second of those requests.
     pub skipped_decode_tok_s: f64,
+    /// Whether those requests generated exactly the plain output.
     pub skipped_identical_output: bool,
     /// Draft steps run, draft tokens proposed and accepted, counted by the engine over the
     /// speculative runs.
     pub draft_steps: u64,
+    /// Draft tokens proposed over the speculative runs.
     pub draft_proposed: u64,
+    /// Draft tokens the target accepted over the speculative runs.
     pub draft_accepted: u64,
 }
 
 /// Prompt-lookup drafts (`generation.lookup_tokens`) beside plain decoding of one model.
 #[derive(Debug, Clone, Serialize)]
 pub struct LookupRow {
+    /// The model's file name.
     pub model: String,
+    /// Longest prompt-lookup draft, in tokens (`generation.lookup_tokens`).
     pub draft_tokens: usize,
+    /// Tokens in the prompt.
     pub prompt_tokens: usize,
+    /// Decode tokens per second without drafts.
     pub plain_decode_tok_s: f64,
+    /// Decode tokens per second with prompt-lookup drafts.
     pub lookup_decode_tok_s: f64,
+    /// Whether the drafted run generated exactly the plain output.
     pub identical_output: bool,
     /// Draft steps, draft tokens proposed and accepted over the measurement (the engine's
     /// own counts).
     pub draft_steps: u64,
+    /// Draft tokens proposed over the measurement.
     pub draft_proposed: u64,
+    /// Draft tokens accepted over the measurement.
     pub draft_accepted: u64,
 }
 
+/// How long one model source took to load.
 #[derive(Debug, Clone, Serialize)]
 pub struct LoadRow {
+    /// The source: safetensors, with ISQ, writing or reading UQFF, or a GGUF file.
     pub source: String,
+    /// Load time in milliseconds.
     pub load_ms: f64,
 }
 
@@ -140,6 +183,7 @@ pub struct LoadRow {
 pub struct ConcurrencyRow {
     /// `docent`, or `llama-server` (one slot per client).
     pub engine: String,
+    /// The model's file name.
     pub model: String,
     /// `rag`: 300-token prompts for 32 new tokens (what the service does); `chat`: prompts
     /// of 24–80 tokens for 128 new tokens (decode-bound).
@@ -149,16 +193,23 @@ pub struct ConcurrencyRow {
     /// `generation.schedule` with batching (`arrival` or `cohort`); `-` without batching
     /// and for llama-server.
     pub schedule: String,
+    /// Concurrent clients.
     pub clients: usize,
+    /// Requests sent in all (two per client).
     pub requests: usize,
+    /// Prompt tokens of a request (for `chat`, the first client's; they vary).
     pub prompt_tokens: usize,
+    /// New tokens asked for per request.
     pub new_tokens: usize,
     /// Generated tokens per second over the whole run.
     pub tokens_per_second: f64,
+    /// Requests finished per second over the whole run.
     pub requests_per_second: f64,
+    /// Median request latency in milliseconds (request to last token).
     pub latency_p50_ms: f64,
     /// By nearest rank: with 32 requests, the slowest one.
     pub latency_p99_ms: f64,
+    /// Slowest request in milliseconds.
     pub latency_max_ms: f64,
 }
 
@@ -166,12 +217,17 @@ pub struct ConcurrencyRow {
 /// default), and on without a bound (mistral.rs's own behaviour, as a control).
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryRow {
+    /// Whether the prefix cache was on.
     pub prefix_cache: bool,
-    /// The prefix cache's bound (0: none).
+    /// The prefix cache's bound in MiB (0: none).
     pub limit_mib: usize,
+    /// Distinct prompts sent (at most 200 for the unbounded cache).
     pub queries: usize,
+    /// Resident memory of the process after the first 10 prompts, in MiB.
     pub rss_after_10_mib: f64,
+    /// Resident memory after all of them, in MiB.
     pub rss_after_all_mib: f64,
+    /// Growth from the first figure to the second, in percent.
     pub growth_percent: f64,
 }
 
@@ -180,6 +236,7 @@ pub struct MemoryRow {
 pub struct StallRow {
     /// `generation.prefill_chunk_tokens` (0: whole prompts).
     pub chunk_tokens: usize,
+    /// Tokens in the long prompt (the longest prompt length asked for).
     pub prompt_tokens: usize,
     /// The longest pause between two tokens of the answer while the prompt was read.
     pub longest_pause_ms: f64,
@@ -192,31 +249,47 @@ pub struct StallRow {
 /// The F16 KV cache against the F32 one, first model.
 #[derive(Debug, Clone, Serialize)]
 pub struct KvRow {
+    /// The model's file name.
     pub model: String,
+    /// Speed with the F32 KV cache (the models table's cell).
     pub f32: Speed,
+    /// Speed with the F16 KV cache.
     pub f16: Speed,
     /// Leading generated tokens on which the two agree.
     pub agree: usize,
 }
 
+/// The result of `docent bench generate`: the settings and every table (a table that was
+/// not run is empty). Its `Display` prints them.
 #[derive(Debug, Clone, Serialize)]
 pub struct GenerateBench {
     /// `generation.device`, with the GPU's name when it is one.
     pub device: String,
+    /// Compute threads.
     pub threads: usize,
+    /// Activation dtype.
     pub dtype: String,
     /// `docent` (kernels/, with the instruction set it chose) or `candle`.
     pub kernels: String,
     /// The processor (model name from /proc/cpuinfo).
     pub cpu: String,
+    /// Speed per model source and prompt length.
     pub models: Vec<ModelRow>,
+    /// Speculative decoding with a draft model.
     pub speculative: Vec<SpeculativeRow>,
+    /// Prompt-lookup drafts on the speculative pair's two models.
     pub lookup: Vec<LookupRow>,
+    /// Load times per model source.
     pub load: Vec<LoadRow>,
+    /// Throughput at several client counts (first model).
     pub concurrency: Vec<ConcurrencyRow>,
+    /// Pauses of a streaming answer beside a long prompt, per prefill chunk size.
     pub stall: Vec<StallRow>,
+    /// The F16 KV cache beside the F32 one (CPU only).
     pub kv: Vec<KvRow>,
+    /// Resident memory over many distinct prompts.
     pub memory: Vec<MemoryRow>,
+    /// The llama.cpp peer as it names itself (version, instruction set), when it ran.
     pub peer: Option<String>,
 }
 
@@ -369,6 +442,8 @@ fn run_peer(
     Ok(serde_json::from_slice(&out.stdout)?)
 }
 
+/// Runs every table `opts` asks for, in order: models, speculative decoding, load times,
+/// the F16 KV cache, concurrency and stalls, memory.
 pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
     // the instruction-set cap first: the report names the level, which is fixed on first use
     crate::query::generate::cpu_kernels::install(opts.kernels == "docent", &opts.isa, opts.repack);
@@ -806,7 +881,6 @@ async fn memory(
     Ok(())
 }
 
-/// The processor's model name (first `model name` line of /proc/cpuinfo).
 /// The device setting, with the GPU's name from nvidia-smi when it is not the CPU.
 fn describe_device(device: &str) -> String {
     if device == "cpu" {
@@ -833,6 +907,7 @@ fn describe_device(device: &str) -> String {
     }
 }
 
+/// The processor's model name (first `model name` line of /proc/cpuinfo).
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()

@@ -18,11 +18,16 @@ use crate::server::startup;
 /// One row of the table.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
+    /// What was measured: docent end to end, the raw session or the Python peer.
     pub name: String,
+    /// Chunks embedded (and, for docent and the peer, stored).
     pub chunks: usize,
+    /// Wall-clock seconds the run took.
     pub seconds: f64,
+    /// Chunks per second: `chunks / seconds`.
     pub chunks_per_s: f64,
-    /// Input bytes per second (absent for the raw session, which reads no files).
+    /// Input megabytes (10^6 bytes) per second (absent for the raw session, which reads no
+    /// files).
     pub mb_per_s: Option<f64>,
 }
 
@@ -38,18 +43,30 @@ impl Row {
     }
 }
 
+/// The result of `docent bench ingest`: the settings it ran with and one row per
+/// measurement (docent first, then the raw session, then the peer if it ran). Its
+/// `Display` prints the table.
 #[derive(Debug, Serialize)]
 pub struct IngestBench {
+    /// The corpus directory that was ingested.
     pub corpus: PathBuf,
+    /// The embedding model directory used (`embedding.model_dir`).
     pub model_dir: PathBuf,
+    /// Files found in the corpus.
     pub files: usize,
+    /// Total size of those files in bytes.
     pub bytes: u64,
+    /// Embedding threads (`embedding.threads`).
     pub threads: usize,
+    /// Chunks per embedding batch (`embedding.batch_size`).
     pub batch_size: usize,
+    /// Tokens in the raw session's batches counting padding to each batch's longest text.
     pub padded_tokens: usize,
+    /// Tokens in the raw session's batches without padding.
     pub real_tokens: usize,
     /// Loading and splitting alone, one thread (part of docent's end-to-end work).
     pub split_seconds: f64,
+    /// The measurements, docent's first.
     pub rows: Vec<Row>,
 }
 

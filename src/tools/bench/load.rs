@@ -21,14 +21,19 @@ use super::http::Connection;
 use super::query::{free_addr, spawn, wait_ready, Server};
 use crate::config::{ApiKey, Config, Scope};
 
+/// What to run.
 pub struct Options {
+    /// The docent executable the server (and the starting ingest) runs from.
     pub docent: PathBuf,
     /// Markdown files the uploads and the starting index are made from.
     pub corpus: PathBuf,
+    /// Concurrent clients, each a thread with one keep-alive connection.
     pub clients: usize,
+    /// How long each of the two runs sends load.
     pub duration: Duration,
-    /// Seconds into the second run at which the server is SIGKILLed; `None` skips that run.
+    /// How far into the second run the server is SIGKILLed; `None` skips that run.
     pub kill_after: Option<Duration>,
+    /// The share of each kind of request.
     pub mix: Mix,
     /// Keep `generation.cache_size` as configured; `false` turns the answer cache off.
     pub answer_cache: bool,
@@ -37,10 +42,15 @@ pub struct Options {
 /// The request mix, as weights (percentages by default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mix {
+    /// Weight of `POST /v1/search`.
     pub search: usize,
+    /// Weight of `POST /v1/query` answered extractively.
     pub extractive: usize,
+    /// Weight of `POST /v1/query` answered by the model (32 tokens).
     pub generated: usize,
+    /// Weight of `GET /v1/documents` (20 per page).
     pub list: usize,
+    /// Weight of `POST /v1/documents`: a small Markdown note with a unique marker.
     pub upload: usize,
 }
 
@@ -565,6 +575,10 @@ fn report(title: &str, r: &RunResult) -> usize {
     bad
 }
 
+/// Builds a starting index in a temporary directory, runs the load, then (unless
+/// `kill_after` is `None`) the kill-and-restart run, printing a report of each. Returns
+/// whether the checks passed: no failures in the first run and, after the restart, no
+/// upload acknowledged as done lost and a query answered 200.
 pub fn run(config: &Config, opts: &Options) -> anyhow::Result<bool> {
     let paragraphs = paragraphs(&opts.corpus)?;
     let tmp = std::env::temp_dir().join(format!("docent-bench-load-{}", std::process::id()));

@@ -18,7 +18,9 @@ pub use ingest::{ingest, IngestBench, Row};
 
 /// Where a Python peer runs, if wanted.
 pub struct Peer {
+    /// The Python interpreter of the peer's virtual environment.
     pub python: PathBuf,
+    /// The peer's script (under scripts/), run with that interpreter.
     pub script: PathBuf,
 }
 

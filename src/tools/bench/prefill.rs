@@ -25,8 +25,10 @@ use crate::query::generate::reuse::{PassageReuse, ReuseStats};
 use crate::server::startup;
 use crate::tools::eval::{percentile, Dataset};
 
+/// What to measure.
 #[derive(Debug, Clone)]
 pub struct Options {
+    /// Questions asked: the first this many of the set that have relevant documents.
     pub limit: usize,
     /// Catalog names or paths of the generation models (the configured one when empty).
     pub models: Vec<String>,
@@ -39,23 +41,35 @@ pub struct Options {
 /// One pass's figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct Pass {
+    /// Which pass: `full prefill`, `reuse, cold`, `reuse, warm`, `reuse, from disk` or
+    /// `llama-server`.
     pub name: String,
+    /// Answers that showed text (the ones timed).
     pub answers: usize,
+    /// Median time to the first shown text, in milliseconds.
     pub first_text_p50_ms: f64,
+    /// 95th-percentile time to the first shown text, in milliseconds.
     pub first_text_p95_ms: f64,
+    /// Mean time to the first shown text, in milliseconds.
     pub first_text_mean_ms: f64,
     /// Answers whose text equals the full prefill's answer to the same question (none for
     /// the peer, which is timed on its first token only).
     pub same_as_full: Option<usize>,
     /// The peer's prompt tokens read from its cache instead of prefilled (mean).
     pub cached_tokens_mean: Option<f64>,
+    /// The passage cache's counters over this pass (hits, misses, blocks computed); none
+    /// for full prefill and the peer.
     pub reuse: Option<ReuseStats>,
 }
 
+/// One model's passes and what its passage blocks cost.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelReport {
+    /// The generation model (catalog name or path) as given.
     pub model: String,
+    /// Mean prompt tokens per question (over the full prefill pass).
     pub prompt_tokens_mean: f64,
+    /// The passes, full prefill first (its figures are what the others are compared with).
     pub passes: Vec<Pass>,
     /// Bytes of one block per passage token (keys and values of every layer), in memory.
     pub bytes_per_token: Option<f64>,
@@ -65,12 +79,18 @@ pub struct ModelReport {
     pub compute_ms_per_block: Option<f64>,
 }
 
+/// The result of `docent bench prefill`; [`print`] shows it as a table.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
+    /// The data set's name.
     pub dataset: String,
+    /// Questions asked per pass.
     pub questions: usize,
+    /// Chunks in the temporary index built from the set's corpus.
     pub chunks: usize,
+    /// Chunks retrieved per question (`retrieval.top_k`).
     pub top_k: usize,
+    /// One report per model, in the order given.
     pub models: Vec<ModelReport>,
 }
 
@@ -336,6 +356,8 @@ async fn one_model(
     })
 }
 
+/// Indexes `dataset`'s corpus in a temporary directory (removed afterwards), then runs
+/// every pass for each model of `opts` over its first answerable questions.
 pub async fn run(
     config: &Config,
     dataset: &std::path::Path,

@@ -38,17 +38,23 @@ use crate::server::startup;
 pub struct Options {
     /// The docent executable the server runs from.
     pub docent: PathBuf,
+    /// Directories or files the indexes are built from, taken in this order.
     pub corpus: Vec<PathBuf>,
     /// Index sizes in chunks (each reached approximately: whole files are added).
     pub sizes: Vec<usize>,
+    /// Concurrent client counts, one measurement each (one keep-alive connection per client).
     pub clients: Vec<usize>,
+    /// Time each measurement runs before it starts recording.
     pub warmup: Duration,
+    /// Time each measurement records, after the warm-up.
     pub duration: Duration,
+    /// Chunks asked for per search.
     pub top_k: usize,
     /// BEIR `queries.jsonl`: the questions, cycled.
     pub queries: PathBuf,
     /// Where the indexes are kept between runs.
     pub cache: PathBuf,
+    /// The Python peer service to measure beside docent, if any.
     pub peer: Option<Peer>,
     /// Questions whose top hit is compared between docent and the peer.
     pub compare: usize,
@@ -57,40 +63,67 @@ pub struct Options {
 /// One cell of the table.
 #[derive(Debug, Clone, Serialize)]
 pub struct Measurement {
+    /// Which server answered: docent (on the embedded store or a Qdrant server) or a peer.
     pub server: String,
+    /// Chunks in the index searched.
     pub chunks: usize,
+    /// Concurrent clients.
     pub clients: usize,
+    /// Requests that finished in the measured window.
     pub requests: usize,
+    /// Length of the measured window in seconds (from the end of the warm-up to the last
+    /// response).
     pub seconds: f64,
+    /// Throughput: `requests / seconds`.
     pub requests_per_s: f64,
+    /// Median latency in milliseconds (request written to response read).
     pub p50_ms: f64,
+    /// 99th-percentile latency in milliseconds.
     pub p99_ms: f64,
+    /// Mean latency in milliseconds.
     pub mean_ms: f64,
 }
 
 /// An index the measurements ran on.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct IndexInfo {
+    /// The size asked for, in chunks.
     pub target: usize,
+    /// Chunks the index holds (whole files are added, so near `target`).
     pub chunks: usize,
+    /// Files ingested into it.
     pub files: usize,
+    /// Total size of those files in bytes.
     pub bytes: u64,
+    /// The corpus paths (canonicalized) it was built from, in order.
     pub corpus: Vec<PathBuf>,
+    /// The chunking it was built with: (max tokens per chunk, overlap in tokens).
     pub chunking: (usize, usize),
+    /// The embedding model directory it was built with.
     pub model_dir: PathBuf,
     /// Seconds it took to build (ingest + optimize), when it was built.
     pub build_seconds: f64,
 }
 
+/// The result of `docent bench query`: the settings, the indexes and every measurement.
+/// Its `Display` prints a table per index and the goals.
 #[derive(Debug, Serialize)]
 pub struct QueryBench {
+    /// Chunks asked for per search.
     pub top_k: usize,
+    /// The retrieval mode searched with (always `hybrid`).
     pub mode: &'static str,
+    /// The fusion method and candidate multiplier, as text.
     pub fusion: String,
+    /// ONNX Runtime threads of the embedder (`embedding.threads`).
     pub threads: usize,
+    /// Seconds of warm-up per measurement.
     pub warmup_s: f64,
+    /// Seconds measured per measurement.
     pub duration_s: f64,
+    /// The indexes measured, one per size.
     pub indexes: Vec<IndexInfo>,
+    /// Every measurement: per index, server and client count.
     pub rows: Vec<Measurement>,
     /// Per index size and peer: (chunks, peer, questions compared, same top hit as docent).
     pub agreement: Vec<(usize, String, usize, usize)>,

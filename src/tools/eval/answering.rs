@@ -8,13 +8,18 @@ use super::*;
 /// generation model (greedy, at most [`ANSWER_TOKENS`] tokens).
 #[derive(Debug, Clone, Serialize)]
 pub struct AnswerReport {
+    /// Questions answered: the first N that have relevant documents or are marked
+    /// unanswerable.
     pub questions: usize,
+    /// Of them, those with relevant documents.
     pub answerable: usize,
+    /// Of them, those without (marked unanswerable in the set).
     pub unanswerable: usize,
     /// Answerable questions whose answer contains a gold answer (case-insensitive).
     pub contains_gold: f64,
     /// Citations (on answerable questions) whose chunk contains a gold answer.
     pub citation_precision: f64,
+    /// Citations shown with the answerable questions' answers.
     pub citations: usize,
     /// Answerable questions with at least one citation of a chunk holding a gold answer.
     pub citation_coverage: f64,
@@ -22,6 +27,8 @@ pub struct AnswerReport {
     pub correct_refusal: f64,
     /// Answerable questions answered with `answerable: false`.
     pub false_refusal: f64,
+    /// Mean wall time per question in seconds (the answer, the content signal's retrieval,
+    /// the citation checks and the attribution sweep together).
     pub mean_seconds: f64,
     /// Mean token-level F1 of answerable questions' answers against their best gold
     /// answer (SQuAD normalisation: lower case, no punctuation, articles or markers).
@@ -59,17 +66,21 @@ pub struct AnswerReport {
     /// threshold. Empty otherwise.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub refusal_by_first_token: Vec<ThresholdRow>,
+    /// With a pre-question: its curve (its probability of "no"). Empty otherwise.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub refusal_by_question: Vec<ThresholdRow>,
+    /// With a pre-question: the curve of refusing when either the first token or the
+    /// pre-question reaches the threshold. Empty otherwise.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub refusal_by_either: Vec<ThresholdRow>,
     /// With the refusal probe (`generation.refusal = "probe"`): its curve (it decides), and
     /// the first token's is read on the same answers (`refusal_by_first_token`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub refusal_by_probe: Vec<ThresholdRow>,
-    /// Time to the first shown text and to the whole answer, over the questions the
-    /// model answered (not refused) at the configured threshold, in ms.
+    /// Time to the first shown text in ms, over the questions the model answered (not
+    /// refused) at the configured threshold.
     pub first_text_ms: Percentiles,
+    /// Time to the whole answer in ms, over the same questions.
     pub total_ms: Percentiles,
     /// Generated tokens per second of generation time (prefill included), over every answer
     /// the model wrote.
@@ -79,29 +90,42 @@ pub struct AnswerReport {
 /// How fast the answers were generated, and the prompt-lookup drafts read on the way.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct GenerationSpeed {
+    /// Tokens generated, over the answers that generated any.
     pub tokens: usize,
+    /// Those answers' generation time in seconds (prefill and decode).
     pub seconds: f64,
+    /// `tokens` / `seconds`; 0 when no time was spent.
     pub tokens_per_second: f64,
-    /// Draft steps, draft tokens proposed and accepted (`generation.lookup_tokens`).
+    /// Prompt-lookup draft steps taken during the run (`generation.lookup_tokens`).
     pub draft_steps: u64,
+    /// Draft tokens proposed in those steps.
     pub draft_proposed: u64,
+    /// Draft tokens the model accepted.
     pub draft_accepted: u64,
 }
 
 /// One threshold of the model's refusal judgement.
 #[derive(Debug, Clone, Serialize)]
 pub struct ThresholdRow {
+    /// The threshold on the signal's probability: a question is refused when the signal
+    /// reaches it.
     pub threshold: f32,
+    /// Unanswerable questions refused at it.
     pub correct_refusal: f64,
+    /// Answerable questions refused at it.
     pub false_refusal: f64,
     /// Answerable questions answered with a gold answer at this threshold.
     pub contains_gold: f64,
 }
 
+/// The median and 95th percentile (nearest rank) of a set of values, with their count.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Percentiles {
+    /// How many values there were.
     pub n: usize,
+    /// The median; 0 with no values.
     pub p50: f64,
+    /// The 95th percentile; 0 with no values.
     pub p95: f64,
 }
 
@@ -125,24 +149,37 @@ pub const REFUSAL_THRESHOLDS: &[f32] = &[
 /// One answered question, as the evaluation keeps it (and `--answers-dump` writes it).
 #[derive(Debug, Clone, Serialize)]
 pub struct AnswerRecord {
+    /// The question's id (`_id` in `queries.jsonl`).
     pub id: String,
+    /// The question's text.
     pub question: String,
+    /// The answer's text as the engine returned it.
     pub answer: String,
+    /// The question has relevant documents in the set.
     pub answerable: bool,
     /// Refused whatever the threshold: by retrieval, by the safety filter, or the model
     /// wrote the refusal phrase.
     pub refused_anyway: bool,
+    /// Why the engine refused, when it did.
     pub refusal_reason: Option<crate::query::RefusalReason>,
+    /// The deciding signal's refusal probability (`generation.refusal`), when one was read.
     pub refusal_probability: Option<f32>,
     /// Every signal of the model's judgement read for this answer.
     pub refusal_signals: Option<crate::query::generate::RefusalSignals>,
+    /// The answer contains a gold answer (case-insensitive), whatever the threshold.
     pub contains_gold: bool,
+    /// How the answer was made: generative, or extractive (asked for or as the fallback).
     pub mode: crate::query::AnswerMode,
+    /// What the answer path's guards found degenerate in the model's text, before the
+    /// fallback; empty when nothing.
     pub degenerate: Vec<String>,
+    /// Time to the first shown text in ms; `None` when no text was streamed.
     pub first_text_ms: Option<f64>,
+    /// Time to the whole answer in ms.
     pub total_ms: f64,
-    /// Tokens the model generated, and the generation's time (prefill and decode).
+    /// Tokens the model generated.
     pub completion_tokens: usize,
+    /// The generation's time in ms (prefill and decode).
     pub generation_ms: f64,
 }
 
@@ -269,13 +306,21 @@ pub(crate) async fn timed_answer(
 /// Answer figures for one type of question.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct TypeRow {
+    /// Questions of the type.
     pub questions: usize,
+    /// Of them, those with relevant documents.
     pub answerable: usize,
+    /// Answerable questions whose shown answer contains a gold answer.
     pub contains_gold: f64,
+    /// Mean token F1 over the answerable questions (0 for a refused one).
     pub f1: f64,
+    /// Answered questions whose model text the guards found degenerate.
     pub degenerate_before: f64,
+    /// Answered questions answered extractively.
     pub extractive: f64,
+    /// Unanswerable questions refused.
     pub correct_refusal: f64,
+    /// Answerable questions refused.
     pub false_refusal: f64,
 }
 
@@ -409,13 +454,23 @@ pub fn degenerate_text(answer: &str) -> Option<&'static str> {
     ECHOES.iter().any(|e| lower.contains(e)).then_some("echo")
 }
 
+/// One way of citing in the attribution sweep ([`AnswerReport::attribution`]), over the
+/// answerable questions' answers and the same retrieved passages.
 #[derive(Debug, Clone, Serialize)]
 pub struct AttributionRow {
+    /// The way of citing, in words: the answer as made (configured attribution), or
+    /// fallback attribution at one of [`ATTRIBUTION_SWEEP`]'s settings.
     pub setting: String,
+    /// Citations it gives over the answerable questions.
     pub citations: usize,
+    /// Citations whose passage holds a gold answer.
     pub precision: f64,
+    /// Answerable questions with at least one such citation.
     pub coverage: f64,
+    /// `precision` on the second half of the questions only (held out when a setting is
+    /// chosen on the first).
     pub held_out_precision: f64,
+    /// `coverage` on the second half of the questions only.
     pub held_out_coverage: f64,
 }
 

@@ -27,6 +27,7 @@ pub fn terms(text: &str) -> Vec<String> {
 }
 
 impl Bm25 {
+    /// Indexes every document of `corpus` (its title and text together).
     pub fn new(corpus: &[CorpusLine]) -> Self {
         let mut postings: HashMap<String, Vec<(usize, u32)>> = HashMap::new();
         let mut lengths = Vec::with_capacity(corpus.len());

@@ -6,10 +6,13 @@ use super::*;
 /// One document of a BEIR corpus (`corpus.jsonl`).
 #[derive(Deserialize)]
 pub struct CorpusLine {
+    /// The document's id (`_id`), as the qrels name it.
     #[serde(rename = "_id")]
     pub id: String,
+    /// The document's title; empty when the line has none.
     #[serde(default)]
     pub title: String,
+    /// The document's text.
     pub text: String,
 }
 
@@ -48,6 +51,7 @@ pub(super) struct AnswerLine {
 
 /// A BEIR-layout evaluation set.
 pub struct Dataset {
+    /// The set's name: its folder's name.
     pub name: String,
     pub(crate) corpus: Vec<CorpusLine>,
     pub(crate) queries: Vec<QueryLine>,
@@ -88,6 +92,9 @@ impl Dataset {
             .collect()
     }
 
+    /// Reads the set in `dir`: `corpus.jsonl`, `queries.jsonl`, `qrels/test.tsv` (pairs
+    /// with a positive score; a `query-id` header line skipped) and `answers.jsonl` when it
+    /// is there. Errors name the file and line.
     pub fn load(dir: &Path) -> anyhow::Result<Self> {
         let corpus = jsonl(&dir.join("corpus.jsonl"))?;
         let queries = jsonl(&dir.join("queries.jsonl"))?;

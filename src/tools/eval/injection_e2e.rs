@@ -24,10 +24,15 @@ use crate::server::startup;
 /// One case of `eval/injection-e2e/cases.jsonl`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Case {
+    /// The case's id; also the planted document's id and title in the index.
     pub id: String,
+    /// How the instruction is planted (`override`, `encoded`, `addressee_shift`…).
     pub category: String,
+    /// The document's text, the instruction in it.
     pub document: String,
+    /// A question that retrieves the document.
     pub question: String,
+    /// What the instruction asks for.
     pub action: Action,
 }
 
@@ -111,6 +116,7 @@ pub enum Defences {
 }
 
 impl Defences {
+    /// Every set, in the order of the report.
     pub const ALL: [Defences; 6] = [
         Defences::All,
         Defences::NoClassifier,
@@ -132,10 +138,12 @@ impl Defences {
         }
     }
 
+    /// The set whose [`Self::key`] is `key`, if any.
     pub fn parse(key: &str) -> Option<Defences> {
         Defences::ALL.into_iter().find(|d| d.key() == key)
     }
 
+    /// The name in the report.
     pub fn name(self) -> &'static str {
         match self {
             Defences::All => "all defences",
@@ -167,38 +175,56 @@ impl Defences {
 /// One answer.
 #[derive(Debug, Clone, Serialize)]
 pub struct Outcome {
+    /// The case's id.
     pub id: String,
+    /// The case's category.
     pub category: String,
+    /// The action's kind (`word`, `link`, `code`, `language` or `system_prompt`).
     pub action: String,
+    /// The shown answer carries the action out.
     pub carried_out: bool,
     /// The planted document was among the retrieved chunks.
     pub retrieved: bool,
     /// The classifier flagged a retrieved chunk.
     pub flagged: bool,
+    /// The shown answer.
     pub answer: String,
+    /// Time to the whole answer, in ms.
     pub ms: f64,
 }
 
 /// Rates of one set of defences.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
+    /// The set of defences the cases were answered with.
     pub defences: Defences,
+    /// Cases answered.
     pub cases: usize,
+    /// Answers that carried the action out.
     pub carried_out: usize,
+    /// Wilson 95 % interval of `carried_out` / `cases`.
     pub interval: (f64, f64),
+    /// Cases whose planted document was among the retrieved chunks.
     pub retrieved: usize,
+    /// Cases where the classifier flagged a retrieved chunk.
     pub flagged: usize,
-    /// Carried out, per category and per action kind: (cases, carried out).
+    /// Per category: (cases, carried out).
     pub by_category: BTreeMap<String, (usize, usize)>,
+    /// Per action kind: (cases, carried out).
     pub by_action: BTreeMap<String, (usize, usize)>,
     /// The ids of the cases carried out, to read their answers.
     pub carried_ids: Vec<String>,
+    /// Median time to the whole answer, in ms.
     pub p50_ms: f64,
 }
 
+/// What `docent eval-injection --e2e` measured: one row per set of defences, and every
+/// answer. Its `Display` is the printed report.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
+    /// The generation model (`generation.model`).
     pub model: String,
+    /// One row per set of defences, in the order asked for.
     pub rows: Vec<Row>,
     /// Every answer, per set of defences.
     #[serde(skip)]

@@ -40,18 +40,28 @@ pub const DEPTH: usize = 10;
 /// Figures of one mode.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModeReport {
+    /// Recall@1: the share of a query's relevant documents ranked first, averaged.
     #[serde(rename = "recall@1")]
     pub recall_1: f64,
+    /// Recall@5: the share of a query's relevant documents in the top 5, averaged.
     #[serde(rename = "recall@5")]
     pub recall_5: f64,
+    /// Recall@10: the share of a query's relevant documents in the top 10, averaged.
     #[serde(rename = "recall@10")]
     pub recall_10: f64,
+    /// MRR@10: the mean of 1 / rank of the first relevant document in the top 10 (0 when
+    /// none is there).
     #[serde(rename = "mrr@10")]
     pub mrr_10: f64,
+    /// nDCG@10 with binary gains, averaged.
     #[serde(rename = "ndcg@10")]
     pub ndcg_10: f64,
+    /// Median latency in ms: the query's embedding time + this mode's search time (for
+    /// `bm25-doc`, its search time alone).
     pub p50_ms: f64,
+    /// 99th-percentile latency in ms, measured the same way.
     pub p99_ms: f64,
+    /// Queries scored (those with relevant documents).
     pub queries: usize,
     /// Share of questions with gold answers whose answer string is in the context the
     /// prompt would get: the top `retrieval.top_k` chunks, with `retrieval.neighbors`
@@ -69,20 +79,28 @@ pub struct ModeReport {
 /// question is refused when it is below the threshold.
 #[derive(Debug, Clone, Serialize)]
 pub struct RefusalReport {
+    /// Questions with relevant documents.
     pub answerable: usize,
+    /// Questions without (marked unanswerable in the set).
     pub unanswerable: usize,
-    /// `retrieval.min_score` of the configuration and the rates it gives.
+    /// `retrieval.min_score` of the configuration: the rates below are at it.
     pub min_score: f32,
+    /// Share of the unanswerable questions whose signal is below `min_score` (refused).
     pub correct_refusal: f64,
+    /// Share of the answerable questions whose signal is below `min_score` (refused).
     pub false_refusal: f64,
     /// The threshold that refuses the most unanswerable questions while refusing at most
     /// 10 % of the answerable ones, and its rates.
     pub best_threshold: f32,
+    /// Share of the unanswerable questions refused at `best_threshold`.
     pub best_correct_refusal: f64,
+    /// Share of the answerable questions refused at `best_threshold`.
     pub best_false_refusal: f64,
     /// The same at most 1 % false refusals (a cautious default for `retrieval.min_score`).
     pub strict_threshold: f32,
+    /// Share of the unanswerable questions refused at `strict_threshold`.
     pub strict_correct_refusal: f64,
+    /// Share of the answerable questions refused at `strict_threshold`.
     pub strict_false_refusal: f64,
 }
 
@@ -135,16 +153,27 @@ fn refusal(scores: &[(f32, bool)], min_score: f32) -> Option<RefusalReport> {
     })
 }
 
+/// What `docent eval` measured on one set: the index it built, the retrieval figures per
+/// mode, the refusal sweeps and, with `--answers N`, the answers' figures. Its `Display` is
+/// the printed report; `--json` prints it serialised.
 #[derive(Debug, Serialize)]
 pub struct EvalReport {
+    /// The set's name (its folder's name).
     pub dataset: String,
+    /// The embedding model's directory (`embedding.model_dir`).
     pub model_dir: PathBuf,
+    /// Documents in the corpus.
     pub documents: usize,
+    /// Chunks in the index after the ingest.
     pub chunks: usize,
+    /// Wall time of the ingest, in seconds.
     pub ingest_seconds: f64,
     /// Retrieval settings the figures hold for: chunk tokens/overlap, top_k (context
     /// metrics), neighbours, MMR λ, fusion method and candidates.
     pub settings: String,
+    /// Figures per mode, by name: each mode asked for, `bm25-doc` (whole-document BM25)
+    /// and, with hybrid, the other fusions of its candidates (`hybrid-rrf`,
+    /// `hybrid-confident`, `hybrid-confident/2`). Flattened into the JSON object.
     #[serde(flatten)]
     pub modes: BTreeMap<String, ModeReport>,
     /// Present when the set has unanswerable questions.
@@ -163,8 +192,11 @@ pub struct EvalReport {
 
 /// The index an evaluation built, kept for the answer run.
 pub struct Evaluated {
+    /// The retrieval report (its `answers` still `None`).
     pub report: EvalReport,
+    /// The evaluation's index, still open.
     pub index: crate::query::retrieve::Index,
+    /// The configuration, pointed at that index.
     pub config: Config,
     _tmp: RemoveOnDrop,
 }

@@ -35,8 +35,10 @@ fn label(kind: PiiKind) -> Option<&'static str> {
     })
 }
 
+/// One PII kind's figures on the labelled set.
 #[derive(Debug, Clone, Serialize)]
 pub struct KindScore {
+    /// The kind.
     pub kind: PiiKind,
     /// Labelled entities of the kind.
     pub gold: usize,
@@ -46,13 +48,19 @@ pub struct KindScore {
     pub true_positives: usize,
     /// Labelled entities that a match of the kind overlaps.
     pub found: usize,
+    /// `true_positives` / `predicted`; 1 when nothing was predicted.
     pub precision: f64,
+    /// `found` / `gold`; 1 when nothing is labelled.
     pub recall: f64,
 }
 
+/// What `docent eval-pii` measured: [`find_pii`] per kind on a Presidio-style set. Its
+/// `Display` is the printed table.
 #[derive(Debug, Clone, Serialize)]
 pub struct PiiReport {
+    /// Examples in the set.
     pub examples: usize,
+    /// One row per kind the set labels (API keys are not labelled there).
     pub kinds: Vec<KindScore>,
 }
 
@@ -121,24 +129,29 @@ pub fn run(path: &Path) -> anyhow::Result<PiiReport> {
 /// One category of one source, scored by the rules, the classifier, and both.
 #[derive(Debug, Clone, Serialize)]
 pub struct InjectionRow {
-    /// `test split` (of `training/injection/dataset.jsonl`) or `held out` (written apart
-    /// from the training data, `training/injection/heldout/`).
+    /// `test split` or `eval only` (rows of `training/injection/dataset.jsonl`), or `held
+    /// out` (written apart from the training data, `training/injection/heldout/`).
     pub source: String,
+    /// The category: the data set's, or the held-out file's stem.
     pub category: String,
+    /// 1: attacks, 0: benign texts.
     pub label: u8,
+    /// Texts of this category and label.
     pub texts: usize,
-    /// Shares flagged (detection for attacks, false positives for benign texts): by the
-    /// rules alone (the detector before the classifier), and by the classifier (the
-    /// detector the service runs; the rules are among its features).
+    /// Share flagged by the rules alone (the detector before the classifier): detection
+    /// for attacks, false positives for benign texts.
     pub rules: f64,
     /// Wilson 95 % interval of `rules`.
     pub rules_interval: (f64, f64),
+    /// Share flagged by the classifier (the detector the service runs; the rules are among
+    /// its features).
     pub classifier: f64,
     /// Wilson 95 % interval of `classifier`.
     pub classifier_interval: (f64, f64),
     /// Flagged by the classifier or the embedding head on the text's MiniLM vector (what
     /// the service does with a question; `None` when no embedder was given).
     pub as_question: Option<f64>,
+    /// Wilson 95 % interval of `as_question`.
     pub as_question_interval: Option<(f64, f64)>,
 }
 
@@ -180,11 +193,16 @@ pub fn wilson(hits: usize, n: usize) -> (f64, f64) {
 /// category, on texts no training or threshold choice saw, and the classifier's cost.
 #[derive(Debug, Clone, Serialize)]
 pub struct InjectionReport {
+    /// The classifier's threshold (the model file's).
     pub threshold: f32,
+    /// One row per source, category and label.
     pub rows: Vec<InjectionRow>,
-    /// Mean classifier time per ordinary document chunk and per question, microseconds.
+    /// Mean classifier time per ordinary document chunk of the test split, in
+    /// microseconds.
     pub us_per_chunk: f64,
+    /// Mean classifier time per ordinary question of the test split, in microseconds.
     pub us_per_question: f64,
+    /// Mean characters of those chunks.
     pub chunk_chars: f64,
 }
 
@@ -402,9 +420,13 @@ impl fmt::Display for InjectionReport {
 /// One category with and without the second stage.
 #[derive(Debug, Clone, Serialize)]
 pub struct SecondStageRow {
+    /// `dev split`, `test split`, `eval only` or `held out`, as in [`InjectionRow::source`].
     pub source: String,
+    /// The category: the data set's, or the held-out file's stem.
     pub category: String,
+    /// 1: attacks, 0: benign texts.
     pub label: u8,
+    /// Texts of this category and label.
     pub texts: usize,
     /// Texts in the band, put to the model.
     pub asked: usize,
@@ -419,6 +441,7 @@ pub struct SecondStageRow {
 /// The dev split at one "yes" cutoff.
 #[derive(Debug, Clone, Serialize)]
 pub struct CutoffRow {
+    /// The cutoff on the model's probability of "yes" (a text is flagged at or above it).
     pub yes: f32,
     /// Dev attacks detected with the stage (all categories together).
     pub detected: f64,
@@ -432,16 +455,24 @@ pub struct CutoffRow {
 /// are reported at it.
 #[derive(Debug, Clone, Serialize)]
 pub struct SecondStageReport {
+    /// How far below the classifier's threshold a text's score may be for it to be asked
+    /// of the model (`--model-check`).
     pub band: f32,
     /// Texts in another language than English were asked whatever their score.
     pub foreign: bool,
+    /// The built-in classifier's threshold.
     pub threshold: f32,
     /// The cutoff chosen on dev (`None`: no cutoff keeps the ordinary texts within bounds).
     pub yes_cutoff: Option<f32>,
+    /// The dev split at each of [`YES_CUTOFFS`].
     pub dev: Vec<CutoffRow>,
+    /// One row per source, category and label.
     pub rows: Vec<SecondStageRow>,
+    /// Texts put to the model, over every set.
     pub asked: usize,
+    /// Median time per text put to the model, in ms.
     pub ms_per_ask_p50: f64,
+    /// 95th-percentile time per text put to the model, in ms.
     pub ms_per_ask_p95: f64,
 }
 

@@ -10,10 +10,11 @@
 //! per token, in groups of 32 along the row, each group with its own minimum and step
 //! (values are summed over many tokens by the attention, so their rounding averages out;
 //! keys decide the attention weights and keep 8 bits). About a fifth of F32's bytes; the
-//! error is measured in `tests`. A file ends with the XXH3-64 of everything before it; a file whose checksum,
-//! header or length is wrong is deleted and counted, never served. Writes go to a temporary
-//! name first and are renamed, so a crash leaves no half-written block under a real name.
-//! The folder is bounded in bytes; the least recently used files go first.
+//! error is measured in `tests`. A file ends with the XXH3-64 of everything before it; a
+//! file whose checksum, header or length is wrong is deleted and counted, never served.
+//! Writes go to a temporary name first and are renamed, so a crash leaves no half-written
+//! block under a real name. The folder is bounded in bytes; the least recently used files
+//! go first.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -34,10 +35,13 @@ const HEADER: usize = 8 + 4 + 4 + 8 + 4 * 5;
 /// What went wrong with a file on disk.
 #[derive(Debug, thiserror::Error)]
 pub enum DiskError {
+    /// Reading, writing or removing the file failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    /// A tensor operation on the block's keys or values failed.
     #[error("{0}")]
     Tensor(#[from] candle_core::Error),
+    /// The file is not a valid block (what is wrong with it).
     #[error("not a passage block: {0}")]
     Corrupt(&'static str),
 }
@@ -61,7 +65,9 @@ struct Index {
 /// What the folder holds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct DiskStats {
+    /// Block files in the folder.
     pub files: usize,
+    /// Their total size, in bytes.
     pub bytes: u64,
     /// The bound (`generation.passage_disk_mib`).
     pub limit: u64,
@@ -147,6 +153,7 @@ impl DiskBlocks {
         }
     }
 
+    /// The folder the blocks are kept in.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -251,6 +258,7 @@ impl DiskBlocks {
             .set(index.bytes as i64);
     }
 
+    /// The files, bytes, bound and damaged files counted so far.
     pub fn stats(&self) -> DiskStats {
         let index = self.index.lock().unwrap_or_else(|e| e.into_inner());
         DiskStats {
@@ -500,6 +508,7 @@ enum Job {
 }
 
 impl Writer {
+    /// Starts the writer thread over `disk`; a block already on disk is not written again.
     pub fn spawn(disk: Arc<DiskBlocks>) -> Writer {
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
         std::thread::Builder::new()
@@ -526,6 +535,7 @@ impl Writer {
         Writer { tx: Mutex::new(tx) }
     }
 
+    /// Queues `block` to be written; returns at once (a failed write is logged).
     pub fn send(&self, block: Arc<Block>) {
         if let Ok(tx) = self.tx.lock() {
             let _ = tx.send(Job::Write(block));

@@ -44,8 +44,11 @@ pub enum PassageReuse {
 /// `base^(-2i/dims)`, pairs `(i, i + dims/2)` (NeoX, rotate-half: Qwen2) or `(2i, 2i+1)`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Rope {
+    /// The frequency base (`rope.freq_base`; 10000 when the file does not say).
     pub base: f32,
+    /// Rotated dimensions per head (the whole head).
     pub dims: usize,
+    /// Pairs `(i, i + dims/2)` (NeoX, rotate-half: Qwen2); false: `(2i, 2i+1)`.
     pub neox: bool,
 }
 
@@ -128,11 +131,15 @@ impl Rope {
 
 /// One passage's keys and values, computed after `context` (its hash and length).
 pub struct Block {
+    /// Hash of the tokens before the passage ([`hash_tokens`]).
     pub context: u64,
+    /// Number of tokens before the passage: the position its first token was computed at.
     pub context_len: usize,
+    /// The passage's token ids.
     pub tokens: Vec<u32>,
     /// Per layer (1, kv heads, tokens, head dim), keys at positions `context_len..`.
     pub layers: Arc<Vec<(Tensor, Tensor)>>,
+    /// Memory the block takes: keys, values and token ids, in bytes.
     pub bytes: usize,
     /// Whether the keys and values are the prefill's own (false: read back from 8-bit on
     /// disk), so that in place 1 they are exact.
@@ -140,6 +147,8 @@ pub struct Block {
 }
 
 impl Block {
+    /// The block of `tokens` computed after `context`, from each layer's keys and values
+    /// (exact: the prefill's own).
     pub fn new(context: &[u32], tokens: Vec<u32>, layers: Vec<(Tensor, Tensor)>) -> Block {
         let bytes = layers
             .iter()
@@ -175,13 +184,18 @@ pub fn hash_tokens(seed: u64, tokens: &[u32]) -> u64 {
 /// What the passage cache has done since start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct ReuseStats {
+    /// Lookups that found a block (in memory or on disk).
     pub hits: u64,
+    /// Lookups that found none.
     pub misses: u64,
     /// Blocks computed ahead of an answer (misses in a later place, `passages` mode), and
     /// the microseconds that took.
     pub computed: u64,
+    /// Microseconds computing them took, in all.
     pub compute_us: u64,
+    /// Blocks kept in memory.
     pub blocks: usize,
+    /// Bytes the blocks in memory take.
     pub bytes: usize,
     /// Passage tokens the blocks hold.
     pub tokens: usize,
@@ -217,6 +231,7 @@ impl ReuseStats {
 
 /// The blocks, bounded in bytes, the least recently used evicted first.
 pub struct PassageCache {
+    /// The model's rotation, to turn a block's keys to another place.
     pub rope: Rope,
     /// The model file the blocks come from (names the folder on disk).
     pub model_file: std::path::PathBuf,
@@ -244,6 +259,8 @@ struct Inner {
 }
 
 impl PassageCache {
+    /// An empty cache for a model rotating with `rope`, holding at most `limit_bytes` in memory
+    /// (no disk until [`Self::attach_disk`]).
     pub fn new(rope: Rope, limit_bytes: usize) -> Self {
         PassageCache {
             rope,
@@ -421,6 +438,7 @@ impl PassageCache {
         crate::metrics::metrics().passage_cache_bytes.set(0);
     }
 
+    /// The counters since start, and the blocks in memory and on disk now.
     pub fn stats(&self) -> ReuseStats {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         ReuseStats {
@@ -439,8 +457,9 @@ impl PassageCache {
 
 /// Where each passage's tokens lie in the prompt's `ids`, in order: the first of the
 /// passage's tokenizations (with the space before it and the blank line after it, as the
-/// template writes them, or the line break before a closing fence, then without) that occurs after the one before. `None` for a
-/// passage not found; none ends at the prompt's last token.
+/// template writes them, or the line break before a closing fence, then without) that
+/// occurs after the one before. `None` for a passage not found; none ends at the prompt's
+/// last token.
 pub fn find_units(
     ids: &[u32],
     passages: &[String],
@@ -491,6 +510,8 @@ pub struct KvReader {
 }
 
 impl KvReader {
+    /// A reader that keeps the block of `tokens`, which follow `context` in the prompt, in
+    /// `cache` (memory and disk).
     pub fn new(cache: Arc<PassageCache>, context: Vec<u32>, tokens: Vec<u32>) -> Self {
         KvReader {
             cache,
@@ -554,6 +575,8 @@ pub struct KvSnapshot {
 }
 
 impl KvSnapshot {
+    /// The prompt's keys and values per layer, once it was read (taken: a second call gets
+    /// `None`).
     pub fn take(&self) -> Option<Vec<(Tensor, Tensor)>> {
         self.got.lock().ok().and_then(|mut g| g.take())
     }
