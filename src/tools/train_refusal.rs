@@ -697,11 +697,7 @@ pub fn fit_probe(
     let dev_scores = |p: &Probe, layer: usize| -> Vec<(f64, bool)> {
         at(layer, "dev")
             .iter()
-            .filter_map(|(_, l)| {
-                let mut s = vec![Vec::new(); layer + 1];
-                s[layer] = l.state.to_vec();
-                Some((p.score(&s)? as f64, l.refuse))
-            })
+            .filter_map(|(_, l)| Some((score_at(p, layer, l.state)?, l.refuse)))
             .collect()
     };
     let make = |layer: usize, method: Method| -> Option<Probe> {
@@ -748,28 +744,12 @@ pub fn fit_probe(
         .map(|&t| (t, rate(t, true), rate(t, false)))
         .collect();
     let count = |split: &str| examples.iter().filter(|e| e.split == split).count();
-    let refuse = |split: &str| {
-        examples
-            .iter()
-            .filter(|e| e.split == split && e.refuse)
-            .count()
-    };
     p.file.threshold = threshold;
-    p.file.training = serde_json::json!({
-        "data": "training/refusal: examples.jsonl (our own questions; never public benchmark sets)",
-        "command": "docent train-refusal",
-        "layer": settings.layer,
-        "method": settings.method,
-        "train": { "examples": count("train"), "refuse": refuse("train") },
-        "dev": {
-            "examples": count("dev"),
-            "refuse": refuse("dev"),
-            "auroc": (dev_auroc * 1e4).round() / 1e4,
-            "refused_at_threshold": (rate(threshold, true) * 1e4).round() / 1e4,
-            "false_refusals_at_threshold": (rate(threshold, false) * 1e4).round() / 1e4,
-        },
-        "max_false_refusals": settings.max_false_refusals,
-    });
+    p.file.training = training_record(
+        examples,
+        settings,
+        (dev_auroc, rate(threshold, true), rate(threshold, false)),
+    );
     if let Some(c) = &calibration {
         record_calibration(&mut p.file.training, c);
     }
@@ -789,6 +769,44 @@ pub fn fit_probe(
         calibration,
     };
     Ok((p.file, report))
+}
+
+/// The probe's score of one state read at `layer`.
+fn score_at(p: &Probe, layer: usize, state: &[f32]) -> Option<f64> {
+    let mut s = vec![Vec::new(); layer + 1];
+    s[layer] = state.to_vec();
+    Some(p.score(&s)? as f64)
+}
+
+/// How the probe was trained, for the probe file (for people; not read): the data, the
+/// splits' sizes and dev's (AUROC, refused, false refusals) at the threshold.
+fn training_record(
+    examples: &[Example],
+    settings: &Settings,
+    (auroc, refused, false_refusals): (f64, f64, f64),
+) -> serde_json::Value {
+    let count = |split: &str, refuse: bool| {
+        examples
+            .iter()
+            .filter(|e| e.split == split && (!refuse || e.refuse))
+            .count()
+    };
+    let round = |x: f64| (x * 1e4).round() / 1e4;
+    serde_json::json!({
+        "data": "training/refusal: examples.jsonl (our own questions; never public benchmark sets)",
+        "command": "docent train-refusal",
+        "layer": settings.layer,
+        "method": settings.method,
+        "train": { "examples": count("train", false), "refuse": count("train", true) },
+        "dev": {
+            "examples": count("dev", false),
+            "refuse": count("dev", true),
+            "auroc": round(auroc),
+            "refused_at_threshold": round(refused),
+            "false_refusals_at_threshold": round(false_refusals),
+        },
+        "max_false_refusals": settings.max_false_refusals,
+    })
 }
 
 /// The calibration set's figures in the probe file's training record (for people).
@@ -827,13 +845,11 @@ fn calibration_scores(
         .iter()
         .zip(&states.values)
         .map(|(e, v)| {
-            let mut s = vec![Vec::new(); layer + 1];
-            s[layer] = v[i].clone();
-            let score = p.score(&s).context("no score")?;
+            let score = score_at(p, layer, &v[i]).context("no score")?;
             let answerable = e
                 .answerable
                 .with_context(|| format!("{}: a calibration example without `answerable`", e.id))?;
-            Ok((score as f64, !answerable))
+            Ok((score, !answerable))
         })
         .collect()
 }
