@@ -1,6 +1,7 @@
 //! Continuous batching, chunked prefill and the F16 KV cache on real models (mistral.rs with
-//! docent's kernels). These settings are process-wide in mistral.rs, so they live in a test
-//! binary of their own, and its tests take turns (`KNOBS`): no other test sees them flip.
+//! docent's kernels). The F16 KV cache and the kernels' instruction set are process-wide
+//! (continuous batching is each pipeline's own), so these tests live in a test binary of
+//! their own, and its tests take turns (`KNOBS`): no other test sees them flip.
 
 #[allow(dead_code)]
 #[path = "../integration/helpers.rs"]

@@ -324,3 +324,45 @@ async fn prefix_cache_reuse_gives_the_same_tokens() {
         assert_eq!(got2.token_ids, want2.token_ids, "prompt {first}, next turn");
     }
 }
+
+/// A caller that stops waiting for a request (a client that disconnects, a shutdown that
+/// drops the passage work in hand) loses only its own answer: the engine finishes the
+/// request for nobody and goes on. mistral.rs 0.8.1 failed the step when a finished
+/// answer had nobody to go to, answered the step's other prompts with errors and then
+/// panicked on the closed channel (vendor/PATCHES.md 25), which took down every answer in
+/// flight (`make compose-test` found it at shutdown). Here requests are dropped right
+/// after they reach the engine while a 200-token answer decodes; that answer still ends
+/// with llama2.c's text, and the engine answers afterwards.
+#[tokio::test]
+async fn a_dropped_request_leaves_the_other_answers_alone() {
+    let dir = shared().join("models/stories260K");
+    let reference = std::fs::read_to_string(dir.join("greedy_reference.txt")).unwrap();
+    let mut c = generation();
+    c.model = dir.join("stories260K.gguf");
+    c.dtype = "f32".into();
+    let generator = std::sync::Arc::new(Generator::load(&c).await.expect("load stories260K"));
+    let long = {
+        let g = generator.clone();
+        tokio::spawn(async move { g.complete_tokens(vec![1], 200).await })
+    };
+    let mut dropped = 0;
+    while !long.is_finished() {
+        // polled once: the request is handed to the engine, then its receiver is dropped
+        let prompt = vec![1, 32 + dropped % 400, 40 + dropped % 300];
+        let once = generator.complete_tokens(prompt, 1);
+        if futures::FutureExt::now_or_never(once).is_none() {
+            dropped += 1;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let g = long.await.unwrap().expect("the long answer");
+    eprintln!("{dropped} requests dropped in flight");
+    assert!(dropped >= 3, "only {dropped} requests dropped in flight");
+    let text = generator
+        .detokenize(g.token_ids.expect("ids"), false)
+        .await
+        .unwrap();
+    assert_eq!(text, reference.trim_end_matches('\n'));
+    let after = generator.complete_tokens(vec![1], 8).await.expect("after");
+    assert_eq!(after.token_ids.map(|t| t.len()), Some(8));
+}

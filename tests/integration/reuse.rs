@@ -538,6 +538,9 @@ async fn the_server_computes_every_chunks_block_in_the_background() {
 
 /// Passage reuse is on by default, and off (with a warning) where it cannot place blocks:
 /// without continuous batching (a draft model likewise), so such settings still start.
+/// Continuous batching is each generator's own setting: a generator loaded later without it
+/// leaves the first one placing its passages (it was process-wide once, and a test loading
+/// without it turned reuse off in another test loading at the same time).
 #[tokio::test]
 async fn reuse_is_off_without_continuous_batching() {
     let dir = tempfile::tempdir().unwrap();
@@ -547,8 +550,22 @@ async fn reuse_is_off_without_continuous_batching() {
     assert_eq!(c.passage_reuse, PassageReuse::Passages);
     let g = Generator::load(&c).await.unwrap();
     assert!(g.reuse_stats().is_some());
-    drop(g);
     c.continuous_batching = false;
-    let g = Generator::load(&c).await.unwrap();
-    assert!(g.reuse_stats().is_none());
+    let off = Generator::load(&c).await.unwrap();
+    assert!(off.reuse_stats().is_none());
+
+    let prompts = prompts(dir.path());
+    let prompt = prompts
+        .render("Where do visitors park?", &blocks(&[PARKING, PRINTER]))
+        .unwrap();
+    answer(&g, &prompt).await;
+    let placed = mistralrs::core::kv_spliced_positions();
+    answer(&g, &prompt).await;
+    let s = g.reuse_stats().unwrap();
+    assert!(s.hits >= 2, "{s:?}");
+    assert!(
+        mistralrs::core::kv_spliced_positions() > placed,
+        "the first generator still places its blocks"
+    );
+    drop(off);
 }

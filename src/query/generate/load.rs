@@ -223,8 +223,8 @@ pub(super) fn weights(
 }
 
 /// The vendored engine's process-wide settings (vendor/PATCHES.md): docent's CPU kernels
-/// and their threads, the prefix cache's bound, the KV cache's type, prompt-lookup drafts,
-/// continuous batching, chunked prefill and the cohort schedule.
+/// and their threads, the prefix cache's bound, the KV cache's type and prompt-lookup
+/// drafts. (Continuous batching is the pipeline's own: [`cpu_batching`].)
 pub(super) fn install_engine_settings(config: &GenerationConfig) {
     cpu_kernels::init_threads(config.threads);
     // an ISQ model's weights are re-quantised after load, from the file's layout
@@ -234,19 +234,23 @@ pub(super) fn install_engine_settings(config: &GenerationConfig) {
     mistralrs::core::set_cpu_kv_cache_f16(config.kv_cache == "f16");
     // drafts are asked for per request (`Generator::send`); the proposer is the same
     mistralrs::core::set_draft_proposer(Some(lookup::propose));
-    // Continuous batching needs each sequence's own cache: not with a draft model, whose
-    // speculative steps manage the caches themselves (the pipeline declines it anyway).
-    let batching = config.continuous_batching && config.draft.is_none();
-    mistralrs::core::set_cpu_continuous_batching(batching);
-    mistralrs::core::set_cpu_prefill_chunk(if batching {
-        config.prefill_chunk_tokens
-    } else {
-        0
-    });
-    mistralrs::core::set_cpu_cohort_scheduling(match config.schedule {
-        Schedule::Cohort if batching => COHORT_ADMIT_BELOW,
-        _ => 0,
-    });
+}
+
+/// The pipeline's continuous batching, chunked prefill and cohort schedule (vendor/PATCHES.md
+/// 9, 10, 18), set on the pipeline before its engine starts, so two generators in one
+/// process keep their own. Continuous batching needs each sequence's own cache: not with a
+/// draft model, whose speculative steps manage the caches themselves (the pipeline declines
+/// it anyway).
+pub(super) fn cpu_batching(config: &GenerationConfig) -> mistralrs::core::CpuBatching {
+    let on = config.continuous_batching && config.draft.is_none();
+    mistralrs::core::CpuBatching {
+        on,
+        prefill_chunk: if on { config.prefill_chunk_tokens } else { 0 },
+        cohort_admit_below: match config.schedule {
+            Schedule::Cohort if on => COHORT_ADMIT_BELOW,
+            _ => 0,
+        },
+    }
 }
 
 /// The engine's pipeline for `loader` on the configured device and dtype (blocking work,
@@ -356,7 +360,8 @@ impl Generator {
             "generation model loaded"
         );
         let (tokenizer, ragged) = {
-            let p = pipeline.lock().await;
+            let mut p = pipeline.lock().await;
+            p.set_cpu_batching(cpu_batching(config));
             (Tokenizer::of(&*p).map_err(load_err)?, p.ragged_batching())
         };
         let passages = placeable(config, passages, ragged);

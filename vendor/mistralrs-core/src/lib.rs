@@ -76,9 +76,7 @@ pub use kv_cache::set_cpu_kv_cache_f16;
 /// docent: prompt positions whose keys and values come from elsewhere (vendor/PATCHES.md 23).
 pub use kv_cache::{kv_spliced_positions, set_request_kv_splices, KvSplice};
 /// docent: continuous batching and chunked prefill on the CPU (vendor/PATCHES.md).
-pub use kv_cache::{
-    set_cpu_cohort_scheduling, set_cpu_continuous_batching, set_cpu_prefill_chunk,
-};
+pub use kv_cache::CpuBatching;
 // docent: drafts from a sequence's own text (vendor/PATCHES.md 17)
 pub use pipeline::{
     draft_counts, set_draft_proposer, set_request_draft_tokens, set_request_skips_draft_model,

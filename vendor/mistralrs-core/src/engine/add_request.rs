@@ -744,10 +744,14 @@ impl Engine {
 
             // docent: continuous batching and chunked prefill where the pipeline supports them
             // (vendor/PATCHES.md); not for multimodal prompts.
-            if get_mut_arcmutex!(self.pipeline).ragged_batching() {
+            let (ragged, batching) = {
+                let pipeline = get_mut_arcmutex!(self.pipeline);
+                (pipeline.ragged_batching(), pipeline.cpu_batching())
+            };
+            if ragged {
                 seq.set_ragged(true);
                 if !(seq.has_images() || seq.has_audios() || seq.has_videos()) {
-                    seq.limit_prefill_chunk(crate::kv_cache::cpu_prefill_chunk());
+                    seq.limit_prefill_chunk(batching.prefill_chunk);
                     // docent: keys and values placed instead of prefilled (vendor/PATCHES.md 23)
                     if !kv_splices.is_empty() {
                         let max_len = get_mut_arcmutex!(self.pipeline).get_metadata().max_seq_len;

@@ -214,7 +214,9 @@ impl Engine {
             None => None,
         };
 
-        let scheduler = config.into_scheduler();
+        // docent: cohort scheduling is the pipeline's setting (vendor/PATCHES.md 18)
+        let cohort_admit_below = get_mut_arcmutex!(pipeline).cpu_batching().cohort_admit_below;
+        let scheduler = config.into_scheduler_with(cohort_admit_below);
 
         // Configure prefix caching on the scheduler based on the global no_prefix_cache flag
         // This ensures PagedAttention prefix caching respects the same setting

@@ -31,50 +31,23 @@ pub fn set_cpu_kv_cache_f16(on: bool) {
     CPU_KV_F16.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// docent: continuous batching on the CPU (vendor/PATCHES.md): pipelines that support it
-/// (`CacheManagerMixin::ragged_batching`) decode sequences of different lengths in one forward
-/// pass, each attending over its own cache, and run one prompt (chunk) per step beside them.
-static CPU_CONTINUOUS_BATCHING: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
-/// docent: prompt tokens per prefill chunk for such pipelines (0: whole prompts).
-static CPU_PREFILL_CHUNK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// docent: turns continuous batching on or off for engines started after this call.
-pub fn set_cpu_continuous_batching(on: bool) {
-    CPU_CONTINUOUS_BATCHING.store(on, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// docent: whether continuous batching is on.
-pub fn cpu_continuous_batching() -> bool {
-    CPU_CONTINUOUS_BATCHING.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// docent: prefill prompts in chunks of `tokens` (0: off) under continuous batching, so that
-/// decoding sequences get a step between the chunks of a long prompt.
-pub fn set_cpu_prefill_chunk(tokens: usize) {
-    CPU_PREFILL_CHUNK.store(tokens, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// docent: the prefill chunk in tokens (0: off).
-pub fn cpu_prefill_chunk() -> usize {
-    CPU_PREFILL_CHUNK.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// docent: cohort scheduling under continuous batching (0: off, prompts in order of arrival).
-static CPU_COHORT_ADMIT_BELOW: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(0);
-
-/// docent: for engines started after this call, prompts start in cohorts: the prompts waiting
-/// when one starts form a cohort, read one after another beside the decoding answers; a prompt
-/// that arrived after them starts only once fewer than `admit_below` answers decode (0: off,
-/// every prompt in order of arrival).
-pub fn set_cpu_cohort_scheduling(admit_below: usize) {
-    CPU_COHORT_ADMIT_BELOW.store(admit_below, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// docent: the cohort setting (0: off).
-pub fn cpu_cohort_admit_below() -> usize {
-    CPU_COHORT_ADMIT_BELOW.load(std::sync::atomic::Ordering::Relaxed)
+/// docent: continuous batching on the CPU (vendor/PATCHES.md 9, 10 and 18), a setting of
+/// each pipeline (`CacheManagerMixin::set_cpu_batching`), so that two engines in one process
+/// keep their own: pipelines that support it (`CacheManagerMixin::ragged_batching`) decode
+/// sequences of different lengths in one forward pass, each attending over its own cache, and
+/// run one prompt (chunk) per step beside them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuBatching {
+    /// Continuous batching on.
+    pub on: bool,
+    /// Prompt tokens per prefill chunk (0: whole prompts), so that decoding sequences get a
+    /// step between the chunks of a long prompt.
+    pub prefill_chunk: usize,
+    /// Cohort scheduling (0: off, prompts in order of arrival): the prompts waiting when one
+    /// starts form a cohort, read one after another beside the decoding answers; a prompt
+    /// that arrived after them starts only once fewer than `cohort_admit_below` answers
+    /// decode. Read when the engine starts.
+    pub cohort_admit_below: usize,
 }
 
 /// docent (vendor/PATCHES.md 23): keys and values computed elsewhere for a run of a

@@ -82,6 +82,8 @@ pub struct GGUFPipeline {
     metadata: Arc<GeneralMetadata>,
     generation_defaults: Option<crate::ModelGenerationDefaults>,
     mapper: Box<dyn DeviceMapper + Send + Sync>,
+    /// docent: continuous batching on the CPU (vendor/PATCHES.md 9), off until set.
+    cpu_batching: crate::kv_cache::CpuBatching,
 }
 
 /// Loader for a GGUF model.
@@ -582,6 +584,7 @@ impl Loader for GGUFLoader {
             .and_then(GenerationConfig::generation_defaults);
         let eos = calculate_eos_tokens(&chat_template, gen_conf.as_ref(), &tokenizer);
         Ok(Arc::new(Mutex::new(GGUFPipeline {
+            cpu_batching: Default::default(),
             model,
             tokenizer: tokenizer.into(),
             no_kv_cache: self.no_kv_cache,
@@ -708,10 +711,16 @@ impl CacheManagerMixin for GGUFPipeline {
     fn ragged_batching(&self) -> bool {
         // docent: the quantized Llama model on the CPU, with a KV cache and no paged attention.
         matches!(self.model, Model::Llama(_))
-            && crate::kv_cache::cpu_continuous_batching()
+            && self.cpu_batching.on
             && self.device().is_cpu()
             && !self.metadata.no_kv_cache
             && self.metadata.cache_config.is_none()
+    }
+    fn set_cpu_batching(&mut self, batching: crate::kv_cache::CpuBatching) {
+        self.cpu_batching = batching;
+    }
+    fn cpu_batching(&self) -> crate::kv_cache::CpuBatching {
+        self.cpu_batching
     }
     fn cache(&self) -> &EitherCache {
         match self.model {

@@ -225,6 +225,13 @@ pub trait CacheManagerMixin {
     fn ragged_batching(&self) -> bool {
         false
     }
+    /// docent: this pipeline's continuous-batching setting (vendor/PATCHES.md 9): set before
+    /// its engine starts; pipelines that cannot batch raggedly ignore it.
+    fn set_cpu_batching(&mut self, _batching: crate::kv_cache::CpuBatching) {}
+    /// docent: the setting in force (off unless a pipeline keeps one).
+    fn cpu_batching(&self) -> crate::kv_cache::CpuBatching {
+        crate::kv_cache::CpuBatching::default()
+    }
 }
 
 pub trait MetadataMixin {

@@ -211,10 +211,10 @@ pub struct DefaultScheduler<Backer: FcfsBacker> {
 }
 
 impl<Backer: FcfsBacker> DefaultScheduler<Backer> {
-    pub fn new(method: DefaultSchedulerMethod) -> Self {
+    pub fn new(method: DefaultSchedulerMethod, cohort_admit_below: usize) -> Self {
         let bucketing_manager: Box<dyn BucketingManager<_>> = match method {
             DefaultSchedulerMethod::Fixed(_) => Box::new(FixedBucketingManager {
-                admit_below: crate::kv_cache::cpu_cohort_admit_below(),
+                admit_below: cohort_admit_below,
                 cohort_end: None,
             }),
         };

@@ -27,10 +27,17 @@ pub enum SchedulerConfig {
 
 impl SchedulerConfig {
     pub fn into_scheduler(self) -> Arc<Mutex<dyn Scheduler>> {
+        self.into_scheduler_with(0)
+    }
+
+    /// docent: the scheduler, with cohort scheduling from the pipeline's `CpuBatching`
+    /// (vendor/PATCHES.md 18; 0: off).
+    pub fn into_scheduler_with(self, cohort_admit_below: usize) -> Arc<Mutex<dyn Scheduler>> {
         match self {
-            Self::DefaultScheduler { method } => {
-                Arc::new(Mutex::new(DefaultScheduler::new(method)))
-            }
+            Self::DefaultScheduler { method } => Arc::new(Mutex::new(DefaultScheduler::new(
+                method,
+                cohort_admit_below,
+            ))),
             Self::PagedAttentionMeta {
                 max_num_seqs,
                 config,
