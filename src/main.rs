@@ -412,7 +412,7 @@ async fn eval(mut config: Config, a: cli::Eval) -> anyhow::Result<ExitCode> {
             precompute_for_eval(&config, &engine).await?;
         }
         // the probe decides at its own threshold (its file's unless configured)
-        if let Some((probe, _)) = engine.generator().probe() {
+        if let Some((probe, _)) = engine.generator().and_then(|g| g.probe()) {
             threshold = probe_threshold.unwrap_or(probe.file.threshold);
         }
         report.answers = Some(
@@ -871,7 +871,7 @@ async fn precompute_for_eval(
     engine: &docent::query::QueryEngine,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(
-        engine.generator().reuse_stats().is_some(),
+        engine.engine().reuse_stats().is_some(),
         "--precompute: passage reuse is not possible with this model (see the warning above)"
     );
     anyhow::ensure!(
@@ -881,7 +881,7 @@ async fn precompute_for_eval(
     );
     // on disk once this returns (it waits for the writes)
     let done = engine.precompute_passages(&|_, _| {}).await?;
-    engine.generator().clear_passages();
+    engine.engine().clear_passages();
     eprintln!(
         "eval: {} passage blocks computed ahead in {:.0} s ({} bytes on disk); the answers read them back",
         done.computed, done.seconds, done.disk_bytes

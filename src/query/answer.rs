@@ -20,7 +20,8 @@ use crate::metrics::metrics;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tracing::info;
 
-use crate::query::generate::{Generation, GenerationStream, Judgement, StreamEvent};
+use crate::query::engine::TokenStream;
+use crate::query::generate::{Generation, Judgement, StreamEvent};
 use crate::query::postprocess::guard::{self, Guard, Units, Verdict};
 use crate::query::postprocess::{self, extractive, AnswerStream, Citation};
 use crate::query::prompt::{Budget, ContextBlock, Prompt};
@@ -440,7 +441,7 @@ impl QueryEngine {
     async fn drive(
         &self,
         mut p: Pending,
-        stream: Option<GenerationStream>,
+        stream: Option<Box<dyn TokenStream>>,
         tx: mpsc::Sender<QueryEvent>,
     ) {
         if tx
@@ -500,7 +501,7 @@ impl QueryEngine {
     async fn stream_model(
         &self,
         p: &mut Pending,
-        mut stream: GenerationStream,
+        mut stream: Box<dyn TokenStream>,
         out: &mut Released,
         tx: &mpsc::Sender<QueryEvent>,
     ) -> Option<Streamed> {

@@ -4,13 +4,16 @@
 //! - [`request`]: the request bodies and their checks;
 //! - [`answer`]: the one orchestration of an answer (JSON and streamed alike);
 //! - [`response`]: the bodies and events returned; [`cache`]: the answer cache;
-//! - [`precompute`]: passages' keys and values computed ahead of the questions.
+//! - [`precompute`]: passages' keys and values computed ahead of the questions;
+//! - [`engine`]: the seam to the model ([`engine::Engine`]), which [`generate`] implements
+//!   over mistral.rs and [`engine::scripted`] from a script (tests).
 //!
 //! [`QueryEngine`] holds the stages' shared state.
 
 mod answer;
 mod cache;
 pub mod embed;
+pub mod engine;
 pub mod generate;
 pub mod postprocess;
 pub mod precompute;
@@ -25,7 +28,8 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 
 use crate::query::cache::AnswerCache;
-use crate::query::generate::{GenerateError, Generator, SharedGenerator};
+use crate::query::engine::{Engine, SharedEngine};
+use crate::query::generate::{GenerateError, Generator};
 use crate::query::prompt::{PromptError, Prompts};
 use crate::query::response::search_hit;
 use crate::query::retrieve::{Index, Retrieved, Scores};
@@ -79,7 +83,7 @@ pub struct QueryEngine {
     /// The embedder and the store that questions are searched in.
     pub index: Index,
     prompts: Prompts,
-    generator: SharedGenerator,
+    generator: SharedEngine,
     limits: Limits,
     /// One permit per answer generating or waiting for the engine.
     slots: Arc<Semaphore>,
@@ -93,12 +97,12 @@ pub struct QueryEngine {
 }
 
 impl QueryEngine {
-    /// The engine over `index`, with at most `max_queue` (at least 1) answers generating or
+    /// The engine over `index`, answering with `generator`, with at most `max_queue` (at least 1) answers generating or
     /// waiting and an answer cache of `cache_size` entries (0: no cache).
     pub fn new(
         index: Index,
         prompts: Prompts,
-        generator: SharedGenerator,
+        generator: SharedEngine,
         limits: Limits,
         max_queue: usize,
         cache_size: usize,
@@ -181,9 +185,15 @@ impl QueryEngine {
         })
     }
 
-    /// The language model that writes the answers.
-    pub fn generator(&self) -> &Generator {
-        &self.generator
+    /// The engine that writes the answers.
+    pub fn engine(&self) -> &dyn Engine {
+        &*self.generator
+    }
+
+    /// The engine as the mistral.rs [`Generator`] (`None` for another engine, such as a
+    /// scripted one in tests), for the tools that need the model itself.
+    pub fn generator(&self) -> Option<&Generator> {
+        self.generator.as_any().downcast_ref::<Generator>()
     }
 
     /// Embeddings of `texts` (dense, normalised), off the async threads.

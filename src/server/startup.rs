@@ -123,7 +123,7 @@ pub fn prompts(config: &Config) -> anyhow::Result<Prompts> {
 pub fn query_engine_with(
     config: &Config,
     index: Index,
-    generator: crate::query::generate::SharedGenerator,
+    generator: crate::query::engine::SharedEngine,
 ) -> anyhow::Result<QueryEngine> {
     let prompts = prompts(config)?;
     let mut safety = config.safety.clone();
@@ -265,7 +265,7 @@ impl Application {
         // to disk only: without one, blocks computed ahead would push each other out of memory
         let precompute = config.generation.passage_precompute
             && config.generation.passage_disk_mib > 0
-            && engine.generator().reuse_stats().is_some()
+            && engine.engine().reuse_stats().is_some()
             && config.generation.passage_reuse
                 == crate::query::generate::reuse::PassageReuse::Passages;
         Ok(Application {

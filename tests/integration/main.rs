@@ -2,6 +2,7 @@
 //! mistral.rs with real GGUF models, the `docent` binary, and the real HTTP server on a
 //! random port. One test binary (link time); needs `make setup` (the models) and `../shared`.
 
+mod answer_path;
 mod api;
 mod bench;
 mod citations;

@@ -24,15 +24,18 @@ mod passages;
 pub mod probe;
 mod refusal;
 pub mod reuse;
+mod seam;
 pub mod steps;
 mod stream;
 
+pub use crate::query::engine::{EngineStats, StreamEvent};
+pub use crate::query::engine::{GenerateError, Generation, Params};
+pub use crate::query::engine::{Judgement, RefusalSignals};
 pub use config::*;
 use passages::*;
 use refusal::*;
-pub use refusal::{Judgement, RefusalSignals};
+pub use stream::GenerationStream;
 use stream::*;
-pub use stream::{EngineStats, GenerationStream, StreamEvent};
 
 use serde::{Deserialize, Serialize};
 use std::num::NonZeroUsize;
@@ -54,57 +57,6 @@ use mistralrs::{
 use tokio::sync::mpsc;
 
 use crate::query::prompt::{Prompt, Role, TokenCounter};
-
-/// Why the model could not be loaded or could not generate.
-#[derive(Debug, thiserror::Error)]
-pub enum GenerateError {
-    /// The model file is not there.
-    #[error("generation model {path} does not exist; run `make setup` or set generation.model")]
-    ModelMissing {
-        /// The path looked for.
-        path: PathBuf,
-    },
-    /// Loading the model failed; `message` says why.
-    #[error("loading the generation model {path}: {message}")]
-    Load {
-        /// The model, as `generation.model` names it.
-        path: PathBuf,
-        /// What went wrong.
-        message: String,
-    },
-    /// The engine refused the request as invalid (422 for the client).
-    #[error("the request was rejected by the engine: {0}")]
-    Validation(String),
-    /// The engine failed while generating, or dropped the request.
-    #[error("generation failed: {0}")]
-    Engine(String),
-}
-
-/// Per-request decoding settings.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Params {
-    /// Most tokens to generate.
-    pub max_tokens: usize,
-    /// 0 means greedy.
-    pub temperature: f64,
-    /// Nucleus sampling mass; 1 = off. Ignored when greedy.
-    pub top_p: f64,
-    /// Top-k sampling; 0 = off. Ignored when greedy.
-    pub top_k: usize,
-    /// 1.0 is off; above 1 discourages repeating tokens already in the context.
-    pub repetition_penalty: f32,
-    /// DRY penalty multiplier; 0 is off.
-    pub dry_multiplier: f32,
-    /// Longest repeat DRY leaves alone, in tokens.
-    pub dry_allowed_length: usize,
-    /// Strings that end the answer; cut out of the text.
-    pub stop: Vec<String>,
-    /// Most tokens of a prompt-lookup draft per step; 0 = off ([`lookup`]).
-    pub lookup_tokens: usize,
-    /// The configured draft model (`generation.draft`) drafts for this request; false: the
-    /// target's own steps. Ignored without a draft model.
-    pub draft_model: bool,
-}
 
 /// The drafts one request's decoding may read: speed only, greedy output is the same.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,25 +98,6 @@ impl Params {
             draft_model: true,
         }
     }
-}
-
-/// A finished generation.
-#[derive(Debug, Clone)]
-pub struct Generation {
-    /// The generated text.
-    pub text: String,
-    /// Tokens in the prompt, as the engine counted them (0 when it sent no usage).
-    pub prompt_tokens: usize,
-    /// Tokens generated.
-    pub completion_tokens: usize,
-    /// Why the generation ended, as the engine says it (such as `stop` or `length`).
-    pub finish_reason: String,
-    /// Ids of the generated tokens, when asked for (`complete_tokens`).
-    pub token_ids: Option<Vec<u32>>,
-    /// The engine's own timings: prompt (prefill) and completion (decode) seconds.
-    pub prompt_secs: f64,
-    /// Seconds the engine spent decoding the completion.
-    pub completion_secs: f64,
 }
 
 impl Generation {

@@ -26,34 +26,6 @@ pub(super) struct ProbeGate {
     pub(super) threshold: f32,
 }
 
-/// The model's judgement at an answer's first step (see [`RefusalGate`]), or from the
-/// pre-question ([`RefusalCheck::Question`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Judgement {
-    /// The deciding signal's probability that the passages do not hold the answer.
-    pub probability: f32,
-    /// At or above `generation.refusal_threshold`: the question is refused.
-    pub refuse: bool,
-    /// Every signal read.
-    pub signals: RefusalSignals,
-}
-
-/// The model's refusal signals, each as a probability that the passages do not hold the
-/// answer.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct RefusalSignals {
-    /// Of starting the answer with the refusal phrase.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub first_token: Option<f32>,
-    /// Of answering "no" to the pre-question (`generation.refusal_check = "question"`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub question: Option<f32>,
-    /// The refusal probe's, from the hidden state at the prompt's last token
-    /// (`generation.refusal = "probe"`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub probe: Option<f32>,
-}
-
 impl mistralrs::CustomLogitsProcessor for RefusalGate {
     fn apply(
         &self,

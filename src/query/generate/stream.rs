@@ -28,24 +28,6 @@ impl Drop for Active<'_> {
     }
 }
 
-/// A snapshot of [`Counters`].
-#[derive(Debug, Clone, Copy, serde::Serialize)]
-pub struct EngineStats {
-    /// Generations running or waiting in the engine now.
-    pub active: usize,
-    /// Streams given up by their client whose sequence the engine has dropped, since start.
-    pub cancelled: u64,
-}
-
-/// One event of a streamed generation.
-#[derive(Debug)]
-pub enum StreamEvent {
-    /// Raw text the model produced (stop sequences not cut yet).
-    Delta(String),
-    /// The end, with the usage; `text` is empty (the deltas carry it).
-    Done(Generation),
-}
-
 /// A generation in progress. Dropping it before `Done` cancels the generation: the engine
 /// notices at its next token and drops the sequence (counted in `cancelled` once it has).
 pub struct GenerationStream {

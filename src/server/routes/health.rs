@@ -29,9 +29,9 @@ pub async fn readyz(engine: web::Data<QueryEngine>) -> Result<HttpResponse, ApiE
         "chunks": chunks,
         "models": {
             "embedding": engine.index.embedder.model_sha256(),
-            "generation": engine.generator().model_path().display().to_string(),
+            "generation": engine.engine().model_path().display().to_string(),
         },
-        "generation": engine.generator().stats(),
+        "generation": engine.engine().stats(),
         "safety": engine.safety_counts(),
     })))
 }
@@ -39,7 +39,7 @@ pub async fn readyz(engine: web::Data<QueryEngine>) -> Result<HttpResponse, ApiE
 /// Every metric, in the Prometheus text exposition format.
 pub async fn prometheus(engine: web::Data<QueryEngine>) -> HttpResponse {
     let m = metrics();
-    m.queue_depth.set(engine.generator().stats().active as i64);
+    m.queue_depth.set(engine.engine().stats().active as i64);
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(m.render())

@@ -20,7 +20,7 @@ use crate::server::openai_wire::{self, ChatError, ChatRequest, ChunkWriter, Mode
 use crate::server::sse;
 
 fn served(engine: &QueryEngine) -> ModelCard {
-    ModelCard::of(engine.generator().model_path())
+    ModelCard::of(engine.engine().model_path())
 }
 
 /// `GET /v1/models`: the one model this server answers with.

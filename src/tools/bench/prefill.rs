@@ -152,7 +152,9 @@ async fn llama_server_pass(
     model: &std::path::Path,
     questions: &[String],
 ) -> anyhow::Result<Pass> {
-    let generator = engine.generator();
+    let generator = engine
+        .generator()
+        .context("bench prefill measures the mistral.rs generator")?;
     let mut prompts = Vec::new();
     for q in questions {
         let request = crate::query::QueryRequest {
@@ -236,7 +238,9 @@ async fn timed_pass(
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     b.set_message(what);
-    let generator = engine.generator();
+    let generator = engine
+        .generator()
+        .context("bench prefill measures the mistral.rs generator")?;
     let mut out = Vec::with_capacity(questions.len());
     for q in questions {
         generator.clear_passages();
@@ -282,7 +286,9 @@ async fn one_model(
     };
     let engine =
         Arc::new(startup::query_engine(&engine_with(PassageReuse::Passages), index.clone()).await?);
-    let generator = engine.generator();
+    let generator = engine
+        .generator()
+        .context("bench prefill measures the mistral.rs generator")?;
     anyhow::ensure!(
         generator.reuse_stats().is_some(),
         "passage reuse is not possible with {model} (see the warning above)"

@@ -26,6 +26,8 @@ use mistralrs::{DType, Device, Tensor};
 
 use super::Block;
 
+pub use crate::query::engine::DiskStats;
+
 const MAGIC: &[u8; 8] = b"DOCENTKV";
 /// 1: 8-bit keys and values with f32 scales; 2: 8-bit keys (f16 scales), 4-bit values.
 const VERSION: u32 = 2;
@@ -60,19 +62,6 @@ struct Index {
     files: HashMap<String, (u64, u64)>,
     bytes: u64,
     clock: u64,
-}
-
-/// What the folder holds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct DiskStats {
-    /// Block files in the folder.
-    pub files: usize,
-    /// Their total size, in bytes.
-    pub bytes: u64,
-    /// The bound (`generation.passage_disk_mib`).
-    pub limit: u64,
-    /// Files found damaged (and deleted) since start.
-    pub corrupt: u64,
 }
 
 /// The folder of `model`'s blocks under `root`: named by an XXH3-64 of the model file's

@@ -26,6 +26,8 @@ use std::sync::{Arc, Mutex};
 use mistralrs::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 
+pub use crate::query::engine::ReuseStats;
+
 /// Which passages' keys and values a prompt reuses (`generation.passage_reuse`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -179,54 +181,6 @@ pub fn hash_tokens(seed: u64, tokens: &[u32]) -> u64 {
         }
     }
     h
-}
-
-/// What the passage cache has done since start.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct ReuseStats {
-    /// Lookups that found a block (in memory or on disk).
-    pub hits: u64,
-    /// Lookups that found none.
-    pub misses: u64,
-    /// Blocks computed ahead of an answer (misses in a later place, `passages` mode), and
-    /// the microseconds that took.
-    pub computed: u64,
-    /// Microseconds computing them took, in all.
-    pub compute_us: u64,
-    /// Blocks kept in memory.
-    pub blocks: usize,
-    /// Bytes the blocks in memory take.
-    pub bytes: usize,
-    /// Passage tokens the blocks hold.
-    pub tokens: usize,
-    /// Lookups missed in memory and read from disk (counted in `hits` too).
-    pub disk_hits: u64,
-    /// The blocks on disk (`None` without a folder).
-    pub disk: Option<disk::DiskStats>,
-}
-
-impl ReuseStats {
-    /// Bytes a block holds per passage token (every layer's keys and values).
-    pub fn bytes_per_token(&self) -> Option<f64> {
-        (self.tokens > 0).then(|| self.bytes as f64 / self.tokens as f64)
-    }
-
-    /// Mean milliseconds a block computed ahead took.
-    pub fn compute_ms_per_block(&self) -> Option<f64> {
-        (self.computed > 0).then(|| self.compute_us as f64 / 1e3 / self.computed as f64)
-    }
-
-    /// The counters' growth since `before` (sizes as they are now).
-    pub fn since(&self, before: &ReuseStats) -> ReuseStats {
-        ReuseStats {
-            hits: self.hits - before.hits,
-            misses: self.misses - before.misses,
-            computed: self.computed - before.computed,
-            compute_us: self.compute_us - before.compute_us,
-            disk_hits: self.disk_hits - before.disk_hits,
-            ..*self
-        }
-    }
 }
 
 /// The blocks, bounded in bytes, the least recently used evicted first.

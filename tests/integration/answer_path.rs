@@ -1,0 +1,238 @@
+//! The answer path on a scripted engine (`query::engine::scripted`): the real embedder
+//! and the embedded store, a model whose every answer the test writes. What the path does
+//! with an answer (citations, stop sequences, the budget, refusals, the cache, redaction,
+//! an engine failure) is checked in milliseconds per question; the real models' tests
+//! (api.rs, refusal.rs, …) check the same path with their answers.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use docent::query::engine::scripted::{Script, ScriptedEngine};
+use docent::query::{AnswerMode, QueryEngine, QueryEvent, QueryRequest, RefusalReason};
+
+use crate::helpers::config;
+
+const PARKING: &str = "# Parking\n\nVisitors park in the underground garage on level -2. \
+Badges for the garage gate are handed out at the reception desk on the ground floor.\n";
+const PRINTER: &str = "# Printing\n\nThe second-floor printer is reserved for the finance \
+team. Everyone else prints on the third floor, next to the kitchen.\n";
+const BADGES: &str = "# Badges\n\nGarage badges are issued by Jane Doe at the reception; \
+write to jane.doe@example.com to get one before your visit.\n";
+const PARKED: &str = "Visitors park in the underground garage on level -2 [1].";
+
+/// A query engine over the two office documents, answering with `engine`.
+async fn over_office(
+    dir: &Path,
+    engine: ScriptedEngine,
+    adjust: impl FnOnce(&mut docent::config::Config),
+) -> (Arc<QueryEngine>, Arc<ScriptedEngine>) {
+    let mut c = config(&dir.join("index"));
+    adjust(&mut c);
+    let docs = dir.join("docs");
+    std::fs::create_dir_all(&docs).unwrap();
+    std::fs::write(docs.join("parking.md"), PARKING).unwrap();
+    std::fs::write(docs.join("printer.md"), PRINTER).unwrap();
+    std::fs::write(docs.join("badges.md"), BADGES).unwrap();
+    let index = docent::server::startup::open_index(&c).await.unwrap();
+    let ingestor = docent::server::startup::ingestor(&c, &index).unwrap();
+    let report = tokio::task::spawn_blocking(move || {
+        ingestor.ingest_paths(&[docs], &docent_ingest::pipeline::Silent)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(report.ingested.len(), 3);
+    let scripted = Arc::new(engine);
+    let q = docent::server::startup::query_engine_with(&c, index, scripted.clone()).unwrap();
+    (Arc::new(q), scripted)
+}
+
+fn no_cache(c: &mut docent::config::Config) {
+    c.generation.cache_size = 0;
+}
+
+fn ask(question: &str) -> QueryRequest {
+    QueryRequest {
+        question: question.into(),
+        ..Default::default()
+    }
+}
+
+/// The streamed events' text deltas joined, and the `done` body (or the error).
+async fn streamed(
+    q: &Arc<QueryEngine>,
+    request: QueryRequest,
+) -> (String, Result<docent::query::QueryResponse, String>) {
+    let mut rx = q.answer_stream(request).await.unwrap();
+    let mut text = String::new();
+    while let Some(event) = rx.recv().await {
+        match event {
+            QueryEvent::Delta { text: t } => text.push_str(&t),
+            QueryEvent::Done(r) => return (text, Ok(*r)),
+            QueryEvent::Error(e) => return (text, Err(e.to_string())),
+            _ => {}
+        }
+    }
+    (text, Err("the stream ended without done".into()))
+}
+
+/// The model's text comes back cited: the marker resolves to the parking document's chunk,
+/// the streamed deltas are the JSON answer, and the model saw the passage in its prompt.
+#[tokio::test]
+async fn a_scripted_answer_is_cited_and_streamed_as_in_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let (q, model) = over_office(dir.path(), ScriptedEngine::answering(PARKED), no_cache).await;
+    let r = q.answer(ask("Where do visitors park?")).await.unwrap();
+    assert_eq!(r.mode, AnswerMode::Generative, "{r:?}");
+    assert!(r.answer.contains("level -2 [1]"), "{r:?}");
+    assert_eq!(r.citations.len(), 1, "{r:?}");
+    assert!(r.citations[0].source.ends_with("parking.md"), "{r:?}");
+    assert!(r.citations[0].quote.contains("level -2"), "{r:?}");
+    assert_eq!(r.usage.completion_tokens, PARKED.split_whitespace().count());
+    let seen = model.seen();
+    assert_eq!(seen.prompts.len(), 1);
+    assert!(seen.prompts[0].user.contains("underground garage"));
+    assert!(seen.prompts[0].user.contains("Where do visitors park?"));
+
+    // generated again (no cache), streamed
+    let (text, done) = streamed(&q, ask("Where do visitors park?")).await;
+    let done = done.unwrap();
+    assert_eq!(text, done.answer);
+    assert_eq!(done.answer, r.answer);
+    assert_eq!(done.citations, r.citations);
+}
+
+/// The same question again is answered from the cache: the model is not asked twice.
+#[tokio::test]
+async fn a_repeated_question_is_answered_from_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let (q, model) = over_office(dir.path(), ScriptedEngine::answering(PARKED), |_| {}).await;
+    let first = q.answer(ask("Where do visitors park?")).await.unwrap();
+    let second = q.answer(ask("Where do visitors park?")).await.unwrap();
+    assert!(!first.cached && second.cached);
+    assert_eq!(first.answer, second.answer);
+    assert_eq!(model.seen().prompts.len(), 1);
+}
+
+/// A stop sequence split over two deltas ends the answer where it starts; nothing after it
+/// is returned, streamed or not.
+#[tokio::test]
+async fn a_stop_sequence_split_across_deltas_ends_the_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = ScriptedEngine::new(|_| Script {
+        deltas: vec![
+            "Visitors park in the underground garage".into(),
+            " on level -2 [1]. ST".into(),
+            "OP and then the printer".into(),
+        ],
+        ..Script::default()
+    });
+    let (q, _) = over_office(dir.path(), model, no_cache).await;
+    let mut request = ask("Where do visitors park?");
+    request.generation.stop = vec!["STOP".into()];
+    let r = q.answer(request.clone()).await.unwrap();
+    assert!(r.answer.contains("level -2 [1]."), "{r:?}");
+    assert!(
+        !r.answer.contains("ST") && !r.answer.contains("printer"),
+        "{r:?}"
+    );
+    let (text, done) = streamed(&q, request).await;
+    assert_eq!(text, done.unwrap().answer);
+    assert!(!text.contains("ST"), "{text}");
+}
+
+/// The model's judgement refuses before the answer: the refusal template is returned, with
+/// the model's probability, and none of the model's text.
+#[tokio::test]
+async fn the_models_judgement_refuses_the_question() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = ScriptedEngine::new(|_| Script::text("The garage [1].").judged(0.97, 0.9));
+    let (q, _) = over_office(dir.path(), model, |_| {}).await;
+    let r = q.answer(ask("Where do visitors park?")).await.unwrap();
+    assert!(r.refused, "{r:?}");
+    assert_eq!(r.refusal_reason, Some(RefusalReason::Model));
+    assert_eq!(r.mode, AnswerMode::Refusal);
+    assert_eq!(r.refusal_probability, Some(0.97));
+    assert!(!r.answer.contains("garage"), "{r:?}");
+
+    // below the threshold the same text is the answer
+    let dir = tempfile::tempdir().unwrap();
+    let model = ScriptedEngine::new(|_| Script::text(PARKED).judged(0.2, 0.9));
+    let (q, _) = over_office(dir.path(), model, |_| {}).await;
+    let r = q.answer(ask("Where do visitors park?")).await.unwrap();
+    assert!(!r.refused, "{r:?}");
+    assert_eq!(r.refusal_probability, Some(0.2));
+}
+
+/// The prompt fits the model's context with room for the answer (`max_tokens`, 48 in the
+/// tests' settings): with all three passages it is 145 words, so in a context of 170 the
+/// engine gets fewer passages; in a context the template alone fills, the question gets a
+/// clear error and the model is not asked.
+#[tokio::test]
+async fn the_prompt_fits_a_small_context() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = ScriptedEngine::answering(PARKED).with_context_tokens(170);
+    let (q, model) = over_office(dir.path(), model, |c| c.retrieval.top_k = 4).await;
+    let r = q.answer(ask("Where do visitors park?")).await.unwrap();
+    assert!(r.usage.context_chunks_dropped >= 1, "{r:?}");
+    let p = &model.seen().prompts[0];
+    let words = p.system.split_whitespace().count() + p.user.split_whitespace().count() + 8 + 2 * 4;
+    assert!(words + 48 <= 170, "{words} words: {p:?}");
+    assert!(
+        p.user.contains("underground garage"),
+        "the best passage kept: {p:?}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let model = ScriptedEngine::answering(PARKED).with_context_tokens(60);
+    let (q, model) = over_office(dir.path(), model, |_| {}).await;
+    let err = q.answer(ask("Where do visitors park?")).await.unwrap_err();
+    assert!(matches!(err, docent::query::QueryError::Prompt(_)), "{err}");
+    assert!(model.seen().prompts.is_empty());
+}
+
+/// Personal data in the model's text is redacted before it leaves, streamed or not; an
+/// address the passages do not hold is cut as an instruction followed.
+#[tokio::test]
+async fn personal_data_in_the_answer_is_redacted() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "Write to jane.doe@example.com for a garage badge [1].";
+    let (q, _) = over_office(dir.path(), ScriptedEngine::answering(text), no_cache).await;
+    let request = ask("Who do I write to for a garage badge?");
+    let r = q.answer(request.clone()).await.unwrap();
+    assert!(!r.answer.contains("jane.doe@example.com"), "{r:?}");
+    assert!(r.safety.redactions >= 1, "{r:?}");
+    let (streamed_text, _) = streamed(&q, request).await;
+    assert!(!streamed_text.contains("jane.doe"), "{streamed_text}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let text = "Visitors park on level -2 [1]. Ask john.roe@example.org for a badge.";
+    let (q, _) = over_office(dir.path(), ScriptedEngine::answering(text), no_cache).await;
+    let r = q.answer(ask("Where do visitors park?")).await.unwrap();
+    assert!(!r.answer.contains("john.roe"), "{r:?}");
+    assert!(r.answer.contains("level -2"), "{r:?}");
+    assert!(
+        r.safety
+            .reasons
+            .iter()
+            .any(|x| x.starts_with("prompt_injection:followed")),
+        "{r:?}"
+    );
+}
+
+/// The engine fails mid-answer: the JSON answer is an error, the stream ends with an error
+/// event, and the answer queue is free again.
+#[tokio::test]
+async fn an_engine_failure_mid_answer_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = ScriptedEngine::new(|_| Script::text(PARKED).failing_after(2));
+    let (q, model) = over_office(dir.path(), model, no_cache).await;
+    let request = ask("Where do visitors park?");
+    let err = q.answer(request.clone()).await.unwrap_err();
+    assert!(err.to_string().contains("scripted failure"), "{err}");
+    let (_, done) = streamed(&q, request).await;
+    assert!(done.unwrap_err().contains("scripted failure"));
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert_eq!(q.answers_in_flight(), 0);
+    assert_eq!(docent::query::engine::Engine::stats(&*model).active, 0);
+}
