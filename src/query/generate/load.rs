@@ -253,6 +253,29 @@ pub(super) fn cpu_batching(config: &GenerationConfig) -> mistralrs::core::CpuBat
     }
 }
 
+/// The engine over `pipeline`: its scheduler and prefix cache as configured.
+async fn start_engine(
+    config: &GenerationConfig,
+    pipeline: Arc<tokio::sync::Mutex<dyn mistralrs::core::Pipeline + Send + Sync>>,
+) -> Model {
+    let max_num_seqs = NonZeroUsize::new(config.max_num_seqs).unwrap_or(NonZeroUsize::MIN);
+    let runner = MistralRsBuilder::new(
+        pipeline,
+        SchedulerConfig::DefaultScheduler {
+            method: DefaultSchedulerMethod::Fixed(max_num_seqs),
+        },
+        false,
+        None,
+    )
+    // bounded in bytes by the patched prefix cacher (generation.prefix_cache_mib); off with
+    // a draft model: mistral.rs's prefix cache keeps the target's KV only, and speculative
+    // steps after a prefix hit then diverge from plain greedy decoding (seen in tests)
+    .with_no_prefix_cache(!config.prefix_cache || config.draft.is_some())
+    .build()
+    .await;
+    Model::new(runner)
+}
+
 /// The engine's pipeline for `loader` on the configured device and dtype (blocking work,
 /// off the async threads).
 pub(super) async fn load_pipeline(
@@ -365,22 +388,7 @@ impl Generator {
             (Tokenizer::of(&*p).map_err(load_err)?, p.ragged_batching())
         };
         let passages = placeable(config, passages, ragged);
-        let max_num_seqs = NonZeroUsize::new(config.max_num_seqs).unwrap_or(NonZeroUsize::MIN);
-        let runner = MistralRsBuilder::new(
-            pipeline,
-            SchedulerConfig::DefaultScheduler {
-                method: DefaultSchedulerMethod::Fixed(max_num_seqs),
-            },
-            false,
-            None,
-        )
-        // bounded in bytes by the patched prefix cacher (generation.prefix_cache_mib); off with
-        // a draft model: mistral.rs's prefix cache keeps the target's KV only, and speculative
-        // steps after a prefix hit then diverge from plain greedy decoding (seen in tests)
-        .with_no_prefix_cache(!config.prefix_cache || config.draft.is_some())
-        .build()
-        .await;
-        let model = Model::new(runner);
+        let model = start_engine(config, pipeline).await;
         // a model without a chat template (a base model) only serves raw completions
         let count = tokenizer.ids.clone();
         let encode = move |text: &str| {
