@@ -295,8 +295,19 @@ log "documents stored: $DOCS"
 step "web page in a real browser" web_page
 restart_docent() { compose restart docent && wait_for docent healthy && check kept "$DOCS"; }
 step "compose restart docent: every document kept" restart_docent
-down_up() { save_logs && compose down && compose up -d qdrant docent && wait_for docent healthy && check kept "$DOCS"; }
-step "compose down + up: every document kept" down_up
+# passage block files in docent's data volume (computed in the background from the start)
+blocks() { compose exec -T docent sh -c 'find /var/lib/docent/passages -name "*.kv" 2>/dev/null | wc -l'; }
+down_up() {
+    local before after
+    save_logs
+    before=$(blocks)
+    compose down && compose up -d qdrant docent && wait_for docent healthy && check kept "$DOCS"
+    after=$(blocks)
+    [ "$before" -gt 0 ] || die "no passage block was written before the down"
+    [ "$after" -ge "$before" ] || die "passage blocks: $before before the down, $after after"
+    log "ok: the passage blocks kept in the docent-data volume ($before before, $after after)"
+}
+step "compose down + up: every document and passage block kept" down_up
 step "no error in docent's logs" no_errors
 down_v() {
     compose down -v
