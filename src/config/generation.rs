@@ -158,7 +158,7 @@ impl GenerationConfig {
     fn validate_models(&self) -> Result<(), ConfigError> {
         use crate::query::generate::catalog;
         if let Some(isq) = &self.isq {
-            if mistralrs::core::parse_isq_value(isq, None).is_err() {
+            if !crate::query::generate::isq_known(isq) {
                 return invalid(
                     "generation.isq",
                     format!("unknown quantization {isq:?}; use q4_0, q4_1, q5_0, q5_1, q8_0, q2k, q3k, q4k, q5k, q6k or q8k"),

@@ -222,6 +222,11 @@ pub(super) fn weights(
     Ok((target, isq, write_uqff))
 }
 
+/// Whether mistral.rs knows `isq` as an in-place quantization (`generation.isq`).
+pub fn isq_known(isq: &str) -> bool {
+    parse_isq_value(isq, None).is_ok()
+}
+
 /// The vendored engine's process-wide settings (vendor/PATCHES.md): docent's CPU kernels
 /// and their threads, the prefix cache's bound, the KV cache's type and prompt-lookup
 /// drafts. (Continuous batching is the pipeline's own: [`cpu_batching`].)

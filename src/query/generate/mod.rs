@@ -19,6 +19,7 @@ mod config;
 pub mod cpu_kernels;
 pub mod device;
 mod load;
+pub use load::isq_known;
 pub mod lookup;
 mod passages;
 pub mod probe;
