@@ -301,9 +301,10 @@ down_up() {
     local before after
     save_logs
     before=$(blocks)
-    compose down && compose up -d qdrant docent && wait_for docent healthy && check kept "$DOCS"
-    after=$(blocks)
     [ "$before" -gt 0 ] || die "no passage block was written before the down"
+    { compose down && compose up -d qdrant docent && wait_for docent healthy && check kept "$DOCS"; } ||
+        die "compose down + up failed"
+    after=$(blocks) || die "no passage block count after the up"
     [ "$after" -ge "$before" ] || die "passage blocks: $before before the down, $after after"
     log "ok: the passage blocks kept in the docent-data volume ($before before, $after after)"
 }

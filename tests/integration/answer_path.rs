@@ -155,6 +155,24 @@ async fn the_models_judgement_refuses_the_question() {
     assert_eq!(r.refusal_probability, Some(0.97));
     assert!(!r.answer.contains("garage"), "{r:?}");
 
+    // judged at the first token (the model started writing): refused there, its first
+    // word never shown
+    let dir = tempfile::tempdir().unwrap();
+    let model = ScriptedEngine::new(|_| {
+        Script::text("Garages are everywhere [1].")
+            .judged(0.97, 0.9)
+            .at_first_token()
+    });
+    let (q, _) = over_office(dir.path(), model, no_cache).await;
+    let (text, done) = streamed(&q, ask("Where do visitors park?")).await;
+    let r = done.unwrap();
+    assert!(r.refused, "{r:?}");
+    assert_eq!(r.refusal_reason, Some(RefusalReason::Model));
+    assert!(
+        !text.contains("Garages") && !r.answer.contains("Garages"),
+        "{text}"
+    );
+
     // below the threshold the same text is the answer
     let dir = tempfile::tempdir().unwrap();
     let model = ScriptedEngine::new(|_| Script::text(PARKED).judged(0.2, 0.9));

@@ -548,6 +548,8 @@ async fn reuse_is_off_without_continuous_batching() {
     c.model = config(dir.path()).generation.model;
     c.passage_reuse = docent::config::Config::default().generation.passage_reuse;
     assert_eq!(c.passage_reuse, PassageReuse::Passages);
+    // every block of the second answer placed, none served by the prefix cache
+    c.prefix_cache = false;
     let g = Generator::load(&c).await.unwrap();
     assert!(g.reuse_stats().is_some());
     c.continuous_batching = false;
@@ -563,9 +565,13 @@ async fn reuse_is_off_without_continuous_batching() {
     answer(&g, &prompt).await;
     let s = g.reuse_stats().unwrap();
     assert!(s.hits >= 2, "{s:?}");
+    // the counter is the process's: other tests place blocks too, so the bound is the
+    // passages' own tokens (less those prefilled again after the first), not just "more"
+    let spliced = mistralrs::core::kv_spliced_positions() - placed;
     assert!(
-        mistralrs::core::kv_spliced_positions() > placed,
-        "the first generator still places its blocks"
+        spliced + 2 * c.passage_recompute_tokens >= s.tokens,
+        "the first generator still places its blocks: {spliced} of {}",
+        s.tokens
     );
     drop(off);
 }

@@ -30,6 +30,9 @@ pub struct Script {
     pub judgement: Option<Judgement>,
     /// After this many deltas the engine fails (`None`: it does not).
     pub fail_after: Option<usize>,
+    /// The judgement is known once the first delta is out (as the first-token signal is),
+    /// not before the answer starts (as a pre-question's is).
+    pub judged_at_first_token: bool,
 }
 
 impl Script {
@@ -63,6 +66,12 @@ impl Script {
                 ..RefusalSignals::default()
             },
         });
+        self
+    }
+
+    /// The same judgement, known only once the first delta is out.
+    pub fn at_first_token(mut self) -> Script {
+        self.judged_at_first_token = true;
         self
     }
 
@@ -165,10 +174,15 @@ impl Engine for ScriptedEngine {
             let mut script = (self.answer)(prompt);
             script.deltas.truncate(params.max_tokens);
             let completion_tokens = script.deltas.len();
-            let refused = script.judgement.is_some_and(|j| j.refuse);
-            self.active.fetch_add(1, Ordering::Relaxed);
+            // a refusal known before the answer starts ends the stream at once: nothing is
+            // generated, nothing is counted (as a real engine's refused pre-question)
+            let refused =
+                script.judgement.is_some_and(|j| j.refuse) && !script.judged_at_first_token;
+            if !refused {
+                self.active.fetch_add(1, Ordering::Relaxed);
+            }
             Ok(Box::new(ScriptedStream {
-                done: Some(Generation {
+                done: (!refused).then(|| Generation {
                     text: String::new(),
                     prompt_tokens: self.words(prompt),
                     completion_tokens,
@@ -181,7 +195,6 @@ impl Engine for ScriptedEngine {
                     prompt_secs: 0.0,
                     completion_secs: 0.0,
                 }),
-                // a refusal known before the answer ends the stream at once
                 deltas: if refused {
                     VecDeque::new()
                 } else {
@@ -190,6 +203,8 @@ impl Engine for ScriptedEngine {
                 fail_after: script.fail_after,
                 sent: 0,
                 judgement: script.judgement,
+                judged_at_first_token: script.judged_at_first_token,
+                counted: !refused,
                 active: self.active.clone(),
                 cancelled: self.cancelled.clone(),
                 held: None,
@@ -256,8 +271,13 @@ struct ScriptedStream {
     fail_after: Option<usize>,
     sent: usize,
     judgement: Option<Judgement>,
+    judged_at_first_token: bool,
+    /// In the engine's `active` count (a stream refused before its answer is not).
+    counted: bool,
     active: Arc<AtomicUsize>,
     cancelled: Arc<AtomicU64>,
+    /// Released when the stream drops (a real engine holds it until it has let go of the
+    /// sequence, a step later: tests of the queue's bound need the real engine).
     held: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
@@ -288,6 +308,9 @@ impl TokenStream for ScriptedStream {
     }
 
     fn judgement(&self) -> Option<Judgement> {
+        if self.judged_at_first_token && self.sent == 0 {
+            return None;
+        }
         self.judgement
     }
 
@@ -298,6 +321,9 @@ impl TokenStream for ScriptedStream {
 
 impl Drop for ScriptedStream {
     fn drop(&mut self) {
+        if !self.counted {
+            return;
+        }
         if self.done.is_some() {
             self.cancelled.fetch_add(1, Ordering::Relaxed);
         }
@@ -365,7 +391,19 @@ mod tests {
         let e = ScriptedEngine::new(|_| Script::text("the answer").judged(0.9, 0.5));
         let mut s = e.stream(&prompt("q"), &Params::greedy(8)).await.unwrap();
         assert!(s.judgement().is_some_and(|j| j.refuse));
-        assert_eq!(drain(&mut s).await.0, "");
+        assert_eq!(e.stats().active, 0, "a refused stream is not generating");
+        let (text, done, failed) = drain(&mut s).await;
+        assert_eq!((text.as_str(), done.is_none(), failed), ("", true, false));
+        drop(s);
+        assert_eq!(e.stats().cancelled, 0);
+
+        // judged at the first token: nothing known before it, the refusal after it
+        let e =
+            ScriptedEngine::new(|_| Script::text("the answer").judged(0.9, 0.5).at_first_token());
+        let mut s = e.stream(&prompt("q"), &Params::greedy(8)).await.unwrap();
+        assert!(s.judgement().is_none());
+        assert!(s.next().await.is_some_and(|d| d.is_ok()));
+        assert!(s.judgement().is_some_and(|j| j.refuse));
 
         let e = ScriptedEngine::new(|_| Script::text("a b c d").failing_after(2));
         let mut s = e.stream(&prompt("q"), &Params::greedy(8)).await.unwrap();

@@ -180,7 +180,8 @@ macro_rules! handle_pipeline_forward_error {
                                 partial_completion_response
                             ))
                             .await
-                            .unwrap();
+                            // docent (vendor/PATCHES.md 25): a requester that is gone
+                            .unwrap_or_else(|_| tracing::warn!("Receiver disconnected"));
                     } else {
                         let partial_completion_response = CompletionResponse {
                             id: seq.id().to_string(),
@@ -198,7 +199,8 @@ macro_rules! handle_pipeline_forward_error {
                                 partial_completion_response
                             ))
                             .await
-                            .unwrap();
+                            // docent (vendor/PATCHES.md 25): a requester that is gone
+                            .unwrap_or_else(|_| tracing::warn!("Receiver disconnected"));
                     }
                 }
                 for seq in $seq_slice.iter_mut() {
