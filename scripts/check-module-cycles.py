@@ -5,8 +5,8 @@ Usage:
     python3 scripts/check-module-cycles.py [-v] [--dot] [CRATE_ROOT ...]
     python3 scripts/check-module-cycles.py --self-test
 
-CRATE_ROOT defaults to src/lib.rs, ingest/src/lib.rs and, when they exist, store/src/lib.rs,
-kernels/src/lib.rs and fuzz/src/lib.rs,
+CRATE_ROOT defaults to src/lib.rs, ingest/src/lib.rs and, when they exist, engine/src/lib.rs,
+generate/src/lib.rs, store/src/lib.rs, kernels/src/lib.rs and fuzz/src/lib.rs,
 relative to the repository root. Exit status: 0 no cycles, 1 cycles found (or the self-test
 failed), 2 usage or input errors.
 
@@ -47,12 +47,20 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # every crate of the tree: the workspace's members and the fuzz crate
 DEFAULT_ROOTS = [
     "src/lib.rs",
+    "engine/src/lib.rs",
+    "generate/src/lib.rs",
     "ingest/src/lib.rs",
     "store/src/lib.rs",
     "kernels/src/lib.rs",
     "fuzz/src/lib.rs",
 ]
-OPTIONAL_DEFAULT_ROOTS = {"store/src/lib.rs", "kernels/src/lib.rs", "fuzz/src/lib.rs"}
+OPTIONAL_DEFAULT_ROOTS = {
+    "engine/src/lib.rs",
+    "generate/src/lib.rs",
+    "store/src/lib.rs",
+    "kernels/src/lib.rs",
+    "fuzz/src/lib.rs",
+}
 
 IDENT = r"(?:r#)?[A-Za-z_][A-Za-z0-9_]*"
 VIS = r"(?:pub\s*(?:\(\s*[^()]*\))?\s+)?"

@@ -69,6 +69,7 @@ fn counter(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
 impl Metrics {
     fn new() -> Metrics {
         let latency = prometheus::exponential_buckets(0.001, 2.0, 18).expect("static buckets");
+        let reuse = docent_generate::reuse::metrics::metrics();
         let m = Metrics {
             registry: Registry::new(),
             http_requests: counter(
@@ -130,21 +131,10 @@ impl Metrics {
                 "Requests refused by a limit (rate, concurrency, queue, timeout).",
                 &["reason"],
             ),
-            passage_cache: counter(
-                "docent_passage_cache_total",
-                "Passage-cache lookups by result (hit: in memory or on disk, miss).",
-                &["result"],
-            ),
-            passage_cache_bytes: IntGauge::new(
-                "docent_passage_cache_bytes",
-                "Bytes of passages' keys and values the passage cache holds in memory.",
-            )
-            .expect("static metric definition"),
-            passage_cache_disk_bytes: IntGauge::new(
-                "docent_passage_cache_disk_bytes",
-                "Bytes of passages' keys and values on disk beside the index.",
-            )
-            .expect("static metric definition"),
+            // the passage cache's own collectors, moved by the engine crate that keeps it
+            passage_cache: reuse.lookups.clone(),
+            passage_cache_bytes: reuse.bytes.clone(),
+            passage_cache_disk_bytes: reuse.disk_bytes.clone(),
         };
         let r = &m.registry;
         for c in [
@@ -175,7 +165,6 @@ impl Metrics {
         }
         for r in ["hit", "miss"] {
             m.cache.with_label_values(&[r]);
-            m.passage_cache.with_label_values(&[r]);
         }
         m
     }

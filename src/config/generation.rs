@@ -3,7 +3,18 @@
 
 use super::*;
 
-impl GenerationConfig {
+/// `[generation]` as its checks see it: the settings belong to the generate stage's crate,
+/// the checks (and the messages that say what to fix) to the configuration.
+pub(super) struct Checks<'a>(pub(super) &'a GenerationConfig);
+
+impl std::ops::Deref for Checks<'_> {
+    type Target = GenerationConfig;
+    fn deref(&self) -> &GenerationConfig {
+        self.0
+    }
+}
+
+impl Checks<'_> {
     /// The engine's settings, sampling, passage reuse, the models and the refusal.
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         self.validate_engine()?;

@@ -314,7 +314,7 @@ impl Config {
             );
         }
         self.server.validate()?;
-        self.generation.validate()?;
+        generation::Checks(&self.generation).validate()?;
         self.validate_refusal_probe()?;
         if let Err(e) = self.safety.check() {
             return invalid("safety.deny", e);

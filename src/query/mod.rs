@@ -13,8 +13,6 @@
 mod answer;
 mod cache;
 pub mod embed;
-pub mod engine;
-pub mod generate;
 pub mod postprocess;
 pub mod precompute;
 pub mod prompt;
@@ -22,6 +20,11 @@ pub mod request;
 pub mod response;
 pub mod retrieve;
 pub mod safety;
+
+/// The seam between the answer path and a generation engine (the `docent-engine` crate).
+pub use docent_engine as engine;
+/// Stage **generate**: the mistral.rs engine (the `docent-generate` crate).
+pub use docent_generate as generate;
 
 use std::sync::Arc;
 

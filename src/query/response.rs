@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use docent_engine::AnswerMode;
+
 use crate::query::generate::RefusalSignals;
 use crate::query::postprocess::Citation;
 use crate::query::retrieve::Scores;
@@ -83,22 +85,6 @@ impl RefusalReason {
             RefusalReason::NoAnswer => "no_answer",
         }
     }
-}
-
-/// How an answer was made (`mode` in the request picks `generative` or `extractive`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AnswerMode {
-    /// Written by the model from the retrieved chunks.
-    #[default]
-    Generative,
-    /// Sentences of the retrieved chunks, quoted and cited: asked for, or the fallback
-    /// when the model's text was degenerate, empty or unsupported.
-    Extractive,
-    /// Nothing relevant was retrieved: the refusal template.
-    Refusal,
-    /// The safety filter withheld the answer.
-    Withheld,
 }
 
 /// `POST /v1/search` response.

@@ -1,11 +1,11 @@
-//! [`Generator`] behind the answer path's seam ([`crate::query::engine::Engine`]): each
+//! [`Generator`] behind the answer path's seam ([`docent_engine::Engine`]): each
 //! method is the generator's own.
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
 use super::*;
-use crate::query::engine::{Engine, TokenStream};
+use docent_engine::{Engine, TokenStream};
 
 impl Engine for Generator {
     fn stream<'a>(

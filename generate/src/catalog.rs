@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 use serde::{Deserialize, Serialize};
 
 /// The catalog as written in `models.toml`.
-const CATALOG: &str = include_str!("../../../models.toml");
+const CATALOG: &str = include_str!("../../models.toml");
 
 /// The model `generation.model` names when the configuration does not.
 pub const DEFAULT_MODEL: &str = "qwen2.5-coder-1.5b";
@@ -138,9 +138,9 @@ mod tests {
     fn every_named_refusal_probe_is_shipped_for_that_file() {
         for m in known() {
             if let Some(name) = &m.refusal_probe {
-                let text = crate::query::generate::probe::shipped(name)
+                let text = crate::probe::shipped(name)
                     .unwrap_or_else(|| panic!("{}: probe {name} is not compiled in", m.name));
-                let p = crate::query::generate::probe::Probe::parse(name, text).unwrap();
+                let p = crate::probe::Probe::parse(name, text).unwrap();
                 assert_eq!(Some(&p.file.model_sha256), m.sha256.as_ref(), "{}", m.name);
             }
         }

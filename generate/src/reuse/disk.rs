@@ -24,9 +24,9 @@ use std::sync::{Arc, Mutex};
 
 use mistralrs::{DType, Device, Tensor};
 
-use super::Block;
+use super::{metrics, Block};
 
-pub use crate::query::engine::DiskStats;
+pub use docent_engine::DiskStats;
 
 const MAGIC: &[u8; 8] = b"DOCENTKV";
 /// 1: 8-bit keys and values with f32 scales; 2: 8-bit keys (f16 scales), 4-bit values.
@@ -242,9 +242,7 @@ impl DiskBlocks {
             }
             let _ = std::fs::remove_file(self.dir.join(&oldest));
         }
-        crate::metrics::metrics()
-            .passage_cache_disk_bytes
-            .set(index.bytes as i64);
+        metrics::metrics().disk_bytes.set(index.bytes as i64);
     }
 
     /// The files, bytes, bound and damaged files counted so far.

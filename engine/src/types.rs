@@ -51,11 +51,32 @@ pub struct Params {
     /// Strings that end the answer; cut out of the text.
     pub stop: Vec<String>,
     /// Most tokens of a prompt-lookup draft per step; 0 = off
-    /// ([`crate::query::generate::lookup`]).
+    /// (`docent_generate::lookup`).
     pub lookup_tokens: usize,
     /// The configured draft model (`generation.draft`) drafts for this request; false: the
     /// target's own steps. Ignored without a draft model.
     pub draft_model: bool,
+}
+
+/// The longest repeat the DRY penalty leaves alone, in tokens, unless configured.
+pub const DEFAULT_DRY_ALLOWED_LENGTH: usize = 2;
+
+impl Params {
+    /// Greedy decoding of up to `max_tokens`, no penalties, no stop strings.
+    pub fn greedy(max_tokens: usize) -> Params {
+        Params {
+            max_tokens,
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            repetition_penalty: 1.0,
+            dry_multiplier: 0.0,
+            dry_allowed_length: DEFAULT_DRY_ALLOWED_LENGTH,
+            stop: vec![],
+            lookup_tokens: 0,
+            draft_model: true,
+        }
+    }
 }
 
 /// A finished generation.
@@ -182,4 +203,20 @@ pub struct DiskStats {
     pub limit: u64,
     /// Files found damaged (and deleted) since start.
     pub corrupt: u64,
+}
+
+/// How an answer was made (`mode` in the request picks `generative` or `extractive`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AnswerMode {
+    /// Written by the model from the retrieved chunks.
+    #[default]
+    Generative,
+    /// Sentences of the retrieved chunks, quoted and cited: asked for, or the fallback
+    /// when the model's text was degenerate, empty or unsupported.
+    Extractive,
+    /// Nothing relevant was retrieved: the refusal template.
+    Refusal,
+    /// The safety filter withheld the answer.
+    Withheld,
 }

@@ -1,5 +1,5 @@
 //! An engine that answers from a script: deterministic, instant, no model. The answer
-//! path's tests put it behind [`crate::query::QueryEngine`] to check what the path does
+//! path's tests put it behind docent's `QueryEngine` to check what the path does
 //! with an answer (budget, screen, refusal, stop sequences, citations, cache) in
 //! milliseconds; the real models' tests stay beside them.
 //!
@@ -15,11 +15,11 @@ use std::sync::{Arc, Mutex};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
-use super::{
+use crate::{
     Engine, EngineStats, GenerateError, Generation, Judgement, Params, RefusalSignals, ReuseStats,
     StreamEvent, TokenStream,
 };
-use crate::query::prompt::{Prompt, TokenCounter};
+use crate::{Prompt, TokenCounter};
 
 /// What the scripted model does for one prompt.
 #[derive(Debug, Clone, Default)]

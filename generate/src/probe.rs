@@ -27,11 +27,11 @@ pub const FORMAT: &str = "docent-refusal-probe/1";
 const SHIPPED: &[(&str, &str)] = &[
     (
         "qwen2.5-coder-0.5b.refusal.json",
-        include_str!("../../../training/refusal/probes/qwen2.5-coder-0.5b.refusal.json"),
+        include_str!("../../training/refusal/probes/qwen2.5-coder-0.5b.refusal.json"),
     ),
     (
         "qwen2.5-coder-1.5b.refusal.json",
-        include_str!("../../../training/refusal/probes/qwen2.5-coder-1.5b.refusal.json"),
+        include_str!("../../training/refusal/probes/qwen2.5-coder-1.5b.refusal.json"),
     ),
 ];
 

@@ -17,6 +17,7 @@
 //! missing ones (a one-token request each) before the answer's own request.
 
 pub mod disk;
+pub mod metrics;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -26,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use mistralrs::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 
-pub use crate::query::engine::ReuseStats;
+pub use docent_engine::ReuseStats;
 
 /// Which passages' keys and values a prompt reuses (`generation.passage_reuse`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
@@ -190,7 +191,7 @@ pub struct PassageCache {
     /// The model file the blocks come from (names the folder on disk).
     pub model_file: std::path::PathBuf,
     /// The fence a fenced prompt's passages are computed in (`safety.spotlight`; see
-    /// [`crate::query::prompt::Prompt::with_fence`]): random, never in a prompt that is
+    /// [`docent_engine::Prompt::with_fence`]): random, never in a prompt that is
     /// answered, kept beside the blocks on disk so they serve after a restart.
     fence: Mutex<String>,
     limit: usize,
@@ -219,7 +220,7 @@ impl PassageCache {
         PassageCache {
             rope,
             model_file: Default::default(),
-            fence: Mutex::new(crate::query::prompt::fence()),
+            fence: Mutex::new(docent_engine::fence()),
             limit: limit_bytes,
             inner: Mutex::default(),
             hits: AtomicU64::new(0),
@@ -282,8 +283,8 @@ impl PassageCache {
             Some(self.keep(block))
         });
         let result = if found.is_some() { "hit" } else { "miss" };
-        crate::metrics::metrics()
-            .passage_cache
+        metrics::metrics()
+            .lookups
             .with_label_values(&[result])
             .inc();
         match found {
@@ -370,9 +371,7 @@ impl PassageCache {
                 inner.tokens -= b.tokens.len();
             }
         }
-        crate::metrics::metrics()
-            .passage_cache_bytes
-            .set(inner.bytes as i64);
+        metrics::metrics().bytes.set(inner.bytes as i64);
         block
     }
 
@@ -389,7 +388,7 @@ impl PassageCache {
         inner.blocks.clear();
         inner.bytes = 0;
         inner.tokens = 0;
-        crate::metrics::metrics().passage_cache_bytes.set(0);
+        metrics::metrics().bytes.set(0);
     }
 
     /// The counters since start, and the blocks in memory and on disk now.

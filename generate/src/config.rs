@@ -5,23 +5,28 @@ use super::*;
 
 // ---- `[generation]` settings (the generate stage owns them; `config` aggregates) ----
 
-pub(crate) fn default_cache_size() -> usize {
+/// The built-in default of `generation.cache_size` (docent's `Config::default` uses it too).
+pub fn default_cache_size() -> usize {
     256
 }
 
-pub(crate) fn yes() -> bool {
+/// `true`, the default of a switch that is on unless configured.
+pub fn yes() -> bool {
     true
 }
 
-pub(crate) fn default_prefix_cache_mib() -> usize {
+/// The built-in default of `generation.prefix_cache_mib` (docent's `Config::default` uses it too).
+pub fn default_prefix_cache_mib() -> usize {
     128
 }
 
-pub(crate) fn default_isa() -> String {
+/// The built-in default of `generation.isa` (docent's `Config::default` uses it too).
+pub fn default_isa() -> String {
     "auto".into()
 }
 
-pub(crate) fn default_kernels() -> String {
+/// The built-in default of `generation.kernels` (docent's `Config::default` uses it too).
+pub fn default_kernels() -> String {
     "docent".into()
 }
 
@@ -29,39 +34,48 @@ pub(super) fn default_true() -> bool {
     true
 }
 
-pub(crate) fn default_kv_cache() -> String {
+/// The built-in default of `generation.kv_cache` (docent's `Config::default` uses it too).
+pub fn default_kv_cache() -> String {
     "f32".into()
 }
 
-pub(crate) fn default_passage_cache_mib() -> usize {
+/// The built-in default of `generation.passage_cache_mib` (docent's `Config::default` uses it too).
+pub fn default_passage_cache_mib() -> usize {
     1024
 }
 
-pub(crate) fn default_passage_disk_mib() -> usize {
+/// The built-in default of `generation.passage_disk_mib` (docent's `Config::default` uses it too).
+pub fn default_passage_disk_mib() -> usize {
     4096
 }
 
-pub(crate) fn default_passage_recompute_tokens() -> usize {
+/// The built-in default of `generation.passage_recompute_tokens` (docent's `Config::default` uses it too).
+pub fn default_passage_recompute_tokens() -> usize {
     0
 }
 
-pub(crate) fn default_passage_key_scale() -> f32 {
+/// The built-in default of `generation.passage_key_scale` (docent's `Config::default` uses it too).
+pub fn default_passage_key_scale() -> f32 {
     0.9
 }
 
-pub(crate) fn default_prefill_chunk() -> usize {
+/// The built-in default of `generation.prefill_chunk` (docent's `Config::default` uses it too).
+pub fn default_prefill_chunk() -> usize {
     256
 }
 
-pub(crate) fn default_max_queue() -> usize {
+/// The built-in default of `generation.max_queue` (docent's `Config::default` uses it too).
+pub fn default_max_queue() -> usize {
     32
 }
 
-pub(crate) fn default_dry_allowed_length() -> usize {
-    2
+/// The built-in default of `generation.dry_allowed_length` (docent's `Config::default` uses it too).
+pub fn default_dry_allowed_length() -> usize {
+    docent_engine::DEFAULT_DRY_ALLOWED_LENGTH
 }
 
-pub(crate) fn one() -> f64 {
+/// `1.0`, the default of a factor that is off unless configured.
+pub fn one() -> f64 {
     1.0
 }
 
@@ -214,7 +228,7 @@ pub struct GenerationConfig {
     /// How answers are made when the request does not say: `generative` (the model) or
     /// `extractive` (the retrieved chunks' best sentences, quoted and cited, no model).
     #[serde(default)]
-    pub answer_mode: crate::query::AnswerMode,
+    pub answer_mode: docent_engine::AnswerMode,
     /// What the prompt tells the model to answer when the context does not hold the
     /// answer (the templates' `refusal_phrase`); such an answer becomes a refusal. Empty:
     /// the model is not asked to judge.
@@ -294,11 +308,13 @@ pub enum RefusalCheck {
     Off,
 }
 
-pub(crate) fn default_refusal_phrase() -> String {
+/// The built-in default of `generation.refusal_phrase` (docent's `Config::default` uses it too).
+pub fn default_refusal_phrase() -> String {
     "I don't know.".into()
 }
 
-pub(crate) fn default_refusal_threshold() -> f32 {
+/// The built-in default of `generation.refusal_threshold` (docent's `Config::default` uses it too).
+pub fn default_refusal_threshold() -> f32 {
     0.7
 }
 
@@ -313,10 +329,12 @@ pub struct DraftConfig {
     pub gamma: usize,
 }
 
-pub(crate) fn default_gamma() -> usize {
+/// The built-in default of `generation.gamma` (docent's `Config::default` uses it too).
+pub fn default_gamma() -> usize {
     4
 }
 
-pub(crate) fn default_lookup_tokens() -> usize {
+/// The built-in default of `generation.lookup_tokens` (docent's `Config::default` uses it too).
+pub fn default_lookup_tokens() -> usize {
     0
 }

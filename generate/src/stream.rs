@@ -133,7 +133,7 @@ impl GenerationStream {
             }
         };
         if let Some(finish_reason) = finish_reason {
-            let done = Generation::new(String::new(), finish_reason, usage.as_ref(), None);
+            let done = generation(String::new(), finish_reason, usage.as_ref(), None);
             if text.is_empty() {
                 self.finished = true;
                 return Some(Ok(StreamEvent::Done(done)));

@@ -1,4 +1,7 @@
-//! Stage **generate**: a mistral.rs engine over a local GGUF model.
+//! Stage **generate**: a mistral.rs engine over a local GGUF model, docent's only crate
+//! that touches `vendor/` (the patched mistral.rs) and wires in docent's CPU kernels
+//! (`docent-kernels`). It implements [`docent_engine::Engine`], the seam the answer path
+//! holds; the service names no mistral.rs type.
 //!
 //! Loaded through `GGUFLoaderBuilder` rather than `GgufModelBuilder` so that the activation
 //! dtype can be chosen (the builder hard-codes `Auto`, which picks BF16 on many CPUs and is
@@ -13,6 +16,14 @@
 //! [`reuse`] (the passage blocks, in memory and on disk), [`probe`], [`steps`],
 //! [`lookup`] (prompt-lookup drafts), [`catalog`] (models.toml), [`device`] and
 //! [`cpu_kernels`].
+//!
+//! Not for: retrieval, prompt templates, citations or safety (the service's `query` path);
+//! a second engine would be a crate of its own beside this one.
+
+#![warn(missing_docs)]
+// No function over 120 lines of code (clippy.toml); tests aside.
+#![warn(clippy::too_many_lines)]
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 pub mod catalog;
 mod config;
@@ -29,10 +40,10 @@ mod seam;
 pub mod steps;
 mod stream;
 
-pub use crate::query::engine::{EngineStats, StreamEvent};
-pub use crate::query::engine::{GenerateError, Generation, Params};
-pub use crate::query::engine::{Judgement, RefusalSignals};
 pub use config::*;
+pub use docent_engine::{EngineStats, StreamEvent};
+pub use docent_engine::{GenerateError, Generation, Params};
+pub use docent_engine::{Judgement, RefusalSignals};
 use passages::*;
 use refusal::*;
 pub use stream::GenerationStream;
@@ -57,7 +68,7 @@ use mistralrs::{
 };
 use tokio::sync::mpsc;
 
-use crate::query::prompt::{Prompt, Role, TokenCounter};
+use docent_engine::{Prompt, Role, TokenCounter};
 
 /// The drafts one request's decoding may read: speed only, greedy output is the same.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,51 +94,31 @@ impl Drafts {
     }
 }
 
-impl Params {
-    /// Greedy decoding of up to `max_tokens`, no penalties, no stop strings.
-    pub fn greedy(max_tokens: usize) -> Params {
-        Params {
-            max_tokens,
-            temperature: 0.0,
-            top_p: 1.0,
-            top_k: 0,
-            repetition_penalty: 1.0,
-            dry_multiplier: 0.0,
-            dry_allowed_length: default_dry_allowed_length(),
-            stop: vec![],
-            lookup_tokens: 0,
-            draft_model: true,
-        }
-    }
-}
-
-impl Generation {
-    /// A finished generation with the engine's usage (token counts and timings; zero when
-    /// the engine sent none).
-    fn new(
-        text: String,
-        finish_reason: String,
-        usage: Option<&mistralrs::Usage>,
-        token_ids: Option<Vec<u32>>,
-    ) -> Self {
-        let (prompt_tokens, completion_tokens, prompt_secs, completion_secs) =
-            usage.map_or((0, 0, 0.0, 0.0), |u| {
-                (
-                    u.prompt_tokens,
-                    u.completion_tokens,
-                    f64::from(u.total_prompt_time_sec),
-                    f64::from(u.total_completion_time_sec),
-                )
-            });
-        Generation {
-            text,
-            prompt_tokens,
-            completion_tokens,
-            finish_reason,
-            token_ids,
-            prompt_secs,
-            completion_secs,
-        }
+/// A finished generation with the engine's usage (token counts and timings; zero when
+/// the engine sent none).
+fn generation(
+    text: String,
+    finish_reason: String,
+    usage: Option<&mistralrs::Usage>,
+    token_ids: Option<Vec<u32>>,
+) -> Generation {
+    let (prompt_tokens, completion_tokens, prompt_secs, completion_secs) =
+        usage.map_or((0, 0, 0.0, 0.0), |u| {
+            (
+                u.prompt_tokens,
+                u.completion_tokens,
+                f64::from(u.total_prompt_time_sec),
+                f64::from(u.total_completion_time_sec),
+            )
+        });
+    Generation {
+        text,
+        prompt_tokens,
+        completion_tokens,
+        finish_reason,
+        token_ids,
+        prompt_secs,
+        completion_secs,
     }
 }
 
@@ -542,7 +533,7 @@ impl Generator {
                     .map(|c| c.finish_reason.clone())
                     .unwrap_or_default();
                 let text = choice.and_then(|c| c.message.content).unwrap_or_default();
-                Ok(Generation::new(text, finish_reason, Some(&r.usage), None))
+                Ok(generation(text, finish_reason, Some(&r.usage), None))
             }
             Response::CompletionDone(r) => {
                 let choice = r.choices.into_iter().next();
@@ -560,12 +551,7 @@ impl Generator {
                     .map(|c| c.finish_reason.clone())
                     .unwrap_or_default();
                 let text = choice.map(|c| c.text).unwrap_or_default();
-                Ok(Generation::new(
-                    text,
-                    finish_reason,
-                    Some(&r.usage),
-                    token_ids,
-                ))
+                Ok(generation(text, finish_reason, Some(&r.usage), token_ids))
             }
             other => Err(response_error(other)),
         }

@@ -1,28 +1,33 @@
-//! The seam between the answer path and a generation engine: what answering a question
-//! needs from a model, and nothing of how the model runs.
+//! The seam between docent's answer path and a generation engine: what answering a
+//! question needs from a model, and nothing of how the model runs.
 //!
-//! [`Engine`] is what [`crate::query::QueryEngine`] holds: stream an answer for a prompt
+//! [`Engine`] is what docent's `QueryEngine` holds: stream an answer for a prompt
 //! (with the model's refusal judgement beside it), ask a yes/no question (the injection
 //! screen's second stage), count tokens for the prompt budget, and keep passage blocks
-//! ahead of the questions. [`crate::query::generate::Generator`] (mistral.rs over a local
-//! model) implements it; [`scripted::ScriptedEngine`] answers from a script, so the answer
+//! ahead of the questions. `docent_generate::Generator` (mistral.rs over a local
+//! model, in its own crate) implements it; [`scripted::ScriptedEngine`] answers from a script, so the answer
 //! path's own logic (budget, screen, refusal, stops, citations, cache) is tested in
 //! milliseconds without a model.
 //!
 //! Not for: loading models, engine settings, raw completions or hidden states for training
 //! (those are the generator's own, used by the tools that train and measure it).
 
+#![warn(missing_docs)]
+// No function over 120 lines of code (clippy.toml); tests aside.
+#![warn(clippy::too_many_lines)]
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
+mod prompt;
 pub mod scripted;
 mod types;
 
+pub use prompt::*;
 pub use types::*;
 
 use std::path::Path;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-
-use crate::query::prompt::{Prompt, TokenCounter};
 
 /// One engine, shared by every request of a process.
 pub type SharedEngine = Arc<dyn Engine>;
@@ -73,7 +78,7 @@ pub trait Engine: Send + Sync + 'static {
     fn clear_passages(&self);
 
     /// The engine as itself, for the tools that need a concrete engine's own methods
-    /// ([`crate::query::QueryEngine::generator`]).
+    /// (docent's `QueryEngine::generator`).
     fn as_any(&self) -> &dyn std::any::Any;
 }
 
