@@ -250,6 +250,12 @@ pub struct TrainRefusal {
     /// The logistic regression's C (inverse L2 penalty).
     #[arg(long, default_value_t = crate::tools::train_refusal::DEFAULT_C)]
     pub c: f64,
+    /// What a training example's label says: corpus (our questions' retrieved examples
+    /// labelled by whether the corpus answers the question, answer-removed variants left
+    /// out; the shipped probes) or passages (whether the retrieved passages hold the gold
+    /// answer, answer-removed variants in: the recipe before 2026-11-30).
+    #[arg(long, default_value = "corpus")]
+    pub labels: String,
     /// Natural questions written apart, to choose the threshold on ("" for none: then
     /// dev's examples choose it).
     #[arg(long, default_value = "training/refusal/calibration.jsonl")]

@@ -817,7 +817,7 @@ impl Progress for Bar {
 
 /// `docent train-refusal`: the flags as the tool's settings, then the run.
 async fn train_refusal(config: &Config, a: cli::TrainRefusal) -> anyhow::Result<ExitCode> {
-    use docent::tools::train_refusal::{Calibration, Method, Settings};
+    use docent::tools::train_refusal::{Calibration, Labels, Method, Settings};
     let model = config.generation.model.display().to_string();
     let stem = model.rsplit('/').next().unwrap_or(&model).to_string();
     let corpora = a
@@ -837,7 +837,13 @@ async fn train_refusal(config: &Config, a: cli::TrainRefusal) -> anyhow::Result<
             anyhow::bail!("--method {other:?}: logistic, mean-difference or scaled-difference")
         }
     };
+    let labels = match a.labels.as_str() {
+        "corpus" => Labels::Corpus,
+        "passages" => Labels::Passages,
+        other => anyhow::bail!("--labels {other:?}: corpus or passages"),
+    };
     let settings = Settings {
+        labels,
         questions: a.questions,
         corpora,
         encyclo: (!a.encyclo.as_os_str().is_empty()).then_some(a.encyclo),

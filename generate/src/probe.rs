@@ -4,10 +4,11 @@
 //! During the prefill that gives an answer's first token, the vendored engine hands the
 //! residual stream after every decoder layer at the prompt's last position to the request's
 //! logits processors (vendor/PATCHES.md 20). A probe is a direction in that space at one
-//! layer: the difference of the mean states of prompts whose passages do not hold the answer
-//! and of those whose passages do (Lavi, Milo and Geva, EACL 2026), scaled per dimension by
-//! the states' spread, then a one-dimensional logistic fit that turns the projection into a
-//! probability. Scoring is one dot product on a state the prefill computes anyway.
+//! layer: a logistic regression on the standardised states (the shipped probes; or the
+//! difference of the class means, Lavi, Milo and Geva, EACL 2026), trained on prompts of our
+//! own questions labelled by whether the corpus answers the question (`docent train-refusal
+//! --labels`), that turns the state into a probability. Scoring is one dot product on a
+//! state the prefill computes anyway.
 //!
 //! A probe belongs to one model file: it names the file's sha256, which is checked when the
 //! generator loads ([`Probe::for_model`]). The shipped probes are compiled in (named by
@@ -182,7 +183,7 @@ impl Probe {
         Ok(self)
     }
 
-    /// The probability that the passages do not hold the answer, from the states of every
+    /// The probability that the documents do not answer the question, from the states of every
     /// layer (`None` when the model gave fewer layers or another width than the probe's).
     pub fn score(&self, states: &[Vec<f32>]) -> Option<f32> {
         let state = states.get(self.file.layer)?;

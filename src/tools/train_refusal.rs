@@ -86,9 +86,26 @@ pub struct Example {
     pub answerable: Option<bool>,
 }
 
+/// What the probe is taught to read from a training example.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Labels {
+    /// Whether the corpus answers the question: our questions' retrieved examples labelled
+    /// by their `answerable` (a user's answerable question stays answerable when retrieval
+    /// misses the answer), the answer-removed variants left out; examples of questions
+    /// without such a label (encyclo-factoid's) keep the passages' label. The target the
+    /// service is judged on (issue 54's natural sets), and the shipped probes' recipe.
+    Corpus,
+    /// Whether the retrieved passages hold the gold answer, answer-removed variants in
+    /// (the recipe before 2026-11-30).
+    Passages,
+}
+
 /// `docent train-refusal`'s settings (its flags, with the paths resolved for the model).
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// What the training examples' labels say.
+    pub labels: Labels,
     /// Our questions (`training/refusal/questions.jsonl`), over the corpora below.
     pub questions: PathBuf,
     /// Corpus name (as the questions name it) → its `corpus.jsonl`.
@@ -661,6 +678,42 @@ pub async fn overhead(
     Ok((median(&plain), median(&read), median(&added)))
 }
 
+/// The training examples (and their states) as [`Labels::Corpus`] labels them: each of our
+/// questions' retrieved examples refused when the corpus does not answer the question
+/// (its `answerable` in `questions`), the answer-removed variants left out, the rest as
+/// they are.
+pub(crate) fn corpus_labels(
+    examples: &[Example],
+    states: &States,
+    questions: &[Question],
+) -> (Vec<Example>, States) {
+    let answerable: std::collections::HashMap<&str, bool> = questions
+        .iter()
+        .map(|q| (q.id.as_str(), q.answerable))
+        .collect();
+    let mut kept = Vec::new();
+    let mut values = Vec::new();
+    for (e, v) in examples.iter().zip(&states.values) {
+        if e.variant == "answer_removed" {
+            continue;
+        }
+        let id = e.id.split('/').next().unwrap_or(&e.id);
+        let mut e = e.clone();
+        if let Some(&a) = answerable.get(id) {
+            e.refuse = !a;
+            e.answerable = Some(a);
+        }
+        kept.push(e);
+        values.push(v.clone());
+    }
+    let states = States {
+        layers: states.layers.clone(),
+        hidden: states.hidden,
+        values,
+    };
+    (kept, states)
+}
+
 /// Step 3: the probe at `layer`, fitted on train, its threshold chosen on the calibration
 /// set when there is one (else on dev).
 pub fn fit_probe(
@@ -797,6 +850,7 @@ fn training_record(
         "command": "docent train-refusal",
         "layer": settings.layer,
         "method": settings.method,
+        "labels": settings.labels,
         "train": { "examples": count("train", false), "refuse": count("train", true) },
         "dev": {
             "examples": count("dev", false),
@@ -1011,6 +1065,10 @@ pub async fn run(config: &Config, settings: &Settings) -> anyhow::Result<Report>
         None => None,
     };
     let calibration = calibration.as_ref().map(|(e, s)| (e.as_slice(), s));
+    let (examples, states) = match settings.labels {
+        Labels::Corpus => corpus_labels(&examples, &states, &read_jsonl(&settings.questions)?),
+        Labels::Passages => (examples, states),
+    };
     let (file, report) = fit_probe(&examples, &states, calibration, &model_name, &sha, settings)?;
     if let Some(dir) = settings.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
@@ -1098,6 +1156,7 @@ mod tests {
 
     fn settings() -> Settings {
         Settings {
+            labels: Labels::Passages,
             questions: PathBuf::new(),
             corpora: Vec::new(),
             encyclo: None,
@@ -1112,6 +1171,47 @@ mod tests {
             time: 0,
             calibration: None,
         }
+    }
+
+    /// Corpus labels: an answerable question whose passages missed the answer is not a
+    /// refusal, an unanswerable one is, answer-removed variants go, examples of questions
+    /// without a label keep the passages' label, and each state stays with its example.
+    #[test]
+    fn corpus_labels_follow_the_question_not_the_passages() {
+        let q = |id: &str, answerable: bool| Question {
+            id: id.into(),
+            corpus: "rust-book".into(),
+            text: String::new(),
+            answerable,
+            answer: None,
+        };
+        let questions = [q("q1", true), q("q2", false)];
+        let (mut e1, v1) = example(1, "train", 1.0, true, None);
+        let (mut removed, v1r) = example(1, "train", 2.0, true, None);
+        removed.id = "q1/answer_removed".into();
+        removed.variant = "answer_removed".into();
+        let (e2, v2) = example(2, "train", 3.0, false, None);
+        let (e3, v3) = example(3, "dev", 4.0, true, None);
+        e1.origin = "rust-book".into();
+        let states = States {
+            layers: vec![0],
+            hidden: 2,
+            values: vec![v1, v1r, v2, v3],
+        };
+        let (kept, s) = corpus_labels(&[e1, removed, e2, e3], &states, &questions);
+        let got: Vec<(&str, bool, Option<bool>, f32)> = kept
+            .iter()
+            .zip(&s.values)
+            .map(|(e, v)| (e.id.as_str(), e.refuse, e.answerable, v[0][0]))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("q1/retrieved", false, Some(true), 1.0),
+                ("q2/retrieved", true, Some(false), 3.0),
+                ("q3/retrieved", true, None, 4.0),
+            ]
+        );
     }
 
     /// The threshold follows the calibration set's answerable questions when there is one:
