@@ -49,12 +49,6 @@ pub struct Metrics {
     pub cache: IntCounterVec,
     /// Requests refused by the rate limiter, the concurrency limit or the generation queue.
     pub rejected: IntCounterVec,
-    /// Passage-cache lookups by result (`hit`, `miss`): passages' keys and values reused.
-    pub passage_cache: IntCounterVec,
-    /// Bytes the passage cache holds in memory.
-    pub passage_cache_bytes: IntGauge,
-    /// Bytes of passage blocks on disk.
-    pub passage_cache_disk_bytes: IntGauge,
 }
 
 fn histogram(name: &str, help: &str, labels: &[&str], buckets: Vec<f64>) -> HistogramVec {
@@ -131,10 +125,6 @@ impl Metrics {
                 "Requests refused by a limit (rate, concurrency, queue, timeout).",
                 &["reason"],
             ),
-            // the passage cache's own collectors, moved by the engine crate that keeps it
-            passage_cache: reuse.lookups.clone(),
-            passage_cache_bytes: reuse.bytes.clone(),
-            passage_cache_disk_bytes: reuse.disk_bytes.clone(),
         };
         let r = &m.registry;
         for c in [
@@ -150,9 +140,10 @@ impl Metrics {
             Box::new(m.safety.clone()),
             Box::new(m.cache.clone()),
             Box::new(m.rejected.clone()),
-            Box::new(m.passage_cache.clone()),
-            Box::new(m.passage_cache_bytes.clone()),
-            Box::new(m.passage_cache_disk_bytes.clone()),
+            // the passage cache's own collectors (docent_generate::reuse::metrics)
+            Box::new(reuse.lookups.clone()),
+            Box::new(reuse.bytes.clone()),
+            Box::new(reuse.disk_bytes.clone()),
         ] {
             r.register(c).expect("metric names are unique");
         }
