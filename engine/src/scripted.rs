@@ -33,6 +33,9 @@ pub struct Script {
     /// The judgement is known once the first delta is out (as the first-token signal is),
     /// not before the answer starts (as a pre-question's is).
     pub judged_at_first_token: bool,
+    /// The first delta waits until the test notifies this (`None`: it does not wait), so
+    /// that a test can hold an answer in flight.
+    pub gate: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl Script {
@@ -78,6 +81,12 @@ impl Script {
     /// The same answer, the engine failing after `deltas` deltas.
     pub fn failing_after(mut self, deltas: usize) -> Script {
         self.fail_after = Some(deltas);
+        self
+    }
+
+    /// The same answer, its first delta held until `gate` is notified.
+    pub fn gated(mut self, gate: Arc<tokio::sync::Notify>) -> Script {
+        self.gate = Some(gate);
         self
     }
 }
@@ -201,6 +210,7 @@ impl Engine for ScriptedEngine {
                     script.deltas.into()
                 },
                 fail_after: script.fail_after,
+                gate: script.gate,
                 sent: 0,
                 judgement: script.judgement,
                 judged_at_first_token: script.judged_at_first_token,
@@ -269,6 +279,7 @@ struct ScriptedStream {
     deltas: VecDeque<String>,
     done: Option<Generation>,
     fail_after: Option<usize>,
+    gate: Option<Arc<tokio::sync::Notify>>,
     sent: usize,
     judgement: Option<Judgement>,
     judged_at_first_token: bool,
@@ -302,6 +313,9 @@ impl TokenStream for ScriptedStream {
             // a real engine yields between tokens; so does the script (and nothing is
             // taken before the future is polled to its end)
             tokio::task::yield_now().await;
+            if let Some(gate) = self.gate.take() {
+                gate.notified().await;
+            }
             self.step()
         }
         .boxed()
