@@ -446,12 +446,14 @@ impl Generator {
         splices: Vec<mistralrs::core::KvSplice>,
     ) -> Result<(), GenerateError> {
         let id = self.model.inner().next_request_id();
-        // read by the engine when it adds the request (vendor/PATCHES.md 17, 19 and 23)
-        mistralrs::core::set_request_draft_tokens(id, drafts.lookup_tokens);
-        mistralrs::core::set_request_kv_splices(id, splices);
-        if self.drafts.draft_model {
-            mistralrs::core::set_request_skips_draft_model(id, !drafts.draft_model);
-        }
+        // what the request type has no field for travels in the request as a processor the
+        // engine takes out when it adds it (vendor/PATCHES.md 26)
+        let settings = mistralrs::core::RequestSettings {
+            draft_tokens: drafts.lookup_tokens,
+            skips_draft_model: self.drafts.draft_model && !drafts.draft_model,
+            kv_splices: splices,
+        };
+        let logits_processors = with_settings(logits_processors, settings);
         let request = Request::Normal(Box::new(NormalRequest {
             messages,
             sampling_params,
@@ -633,6 +635,20 @@ fn sampling(params: &Params) -> SamplingParams {
 
 /// The engine is shared by all requests.
 pub type SharedGenerator = Arc<Generator>;
+
+/// The request's processors with its `settings` among them, when they ask for anything
+/// (a request that asks for nothing is sent as the engine's own).
+fn with_settings(
+    processors: Option<Vec<Arc<dyn mistralrs::CustomLogitsProcessor>>>,
+    settings: mistralrs::core::RequestSettings,
+) -> Option<Vec<Arc<dyn mistralrs::CustomLogitsProcessor>>> {
+    if settings.draft_tokens == 0 && !settings.skips_draft_model && settings.kv_splices.is_empty() {
+        return processors;
+    }
+    let mut processors = processors.unwrap_or_default();
+    processors.push(Arc::new(settings));
+    Some(processors)
+}
 
 #[cfg(test)]
 mod tests {

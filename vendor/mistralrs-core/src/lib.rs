@@ -74,14 +74,11 @@ pub use prefix_cacher::set_prefix_cache_limit_bytes;
 /// docent: an F16 KV cache on the CPU (vendor/PATCHES.md).
 pub use kv_cache::set_cpu_kv_cache_f16;
 /// docent: prompt positions whose keys and values come from elsewhere (vendor/PATCHES.md 23).
-pub use kv_cache::{kv_spliced_positions, set_request_kv_splices, KvSplice};
+pub use kv_cache::{kv_spliced_positions, KvSplice};
 /// docent: continuous batching and chunked prefill on the CPU (vendor/PATCHES.md).
 pub use kv_cache::CpuBatching;
 // docent: drafts from a sequence's own text (vendor/PATCHES.md 17)
-pub use pipeline::{
-    draft_counts, set_draft_proposer, set_request_draft_tokens, set_request_skips_draft_model,
-    DraftProposer,
-};
+pub use pipeline::{draft_counts, set_draft_proposer, DraftProposer};
 pub mod reasoning_parsers;
 mod request;
 mod response;
@@ -138,7 +135,7 @@ pub use pipeline::{
 pub use request::{
     ApproximateUserLocation, Constraint, DetokenizationRequest, ImageGenerationResponseFormat,
     LlguidanceGrammar, MessageContent, NormalRequest, ReasoningEffort, Request, RequestMessage,
-    SearchContextSize, TokenizationRequest, WebSearchOptions, WebSearchUserLocation,
+    RequestSettings, SearchContextSize, TokenizationRequest, WebSearchOptions, WebSearchUserLocation,
 };
 pub use response::*;
 pub use sampler::{

@@ -16,6 +16,56 @@ use tokio::sync::mpsc::Sender;
 
 pub type LlguidanceGrammar = llguidance::api::TopLevelGrammar;
 
+/// docent (vendor/PATCHES.md 26): what one request asks of the engine that
+/// [`NormalRequest`] has no field for (the `mistralrs` crate, not vendored, builds the
+/// request too). It travels in the request as one of its logits processors: the engine
+/// takes it out when it adds the request ([`take_request_settings`]), so it never reaches
+/// the sampler, and nothing is kept beside the request.
+#[derive(Clone, Default)]
+pub struct RequestSettings {
+    /// Drafts from the sequence's own text of up to this many tokens (0: none; patch 17).
+    pub draft_tokens: usize,
+    /// The sequences skip a speculative pipeline's draft model (plain target steps; other
+    /// pipelines ignore it; patch 19).
+    pub skips_draft_model: bool,
+    /// Keys and values placed into the prompt's cache instead of prefilled, in order of
+    /// `start` (pipelines that prefill in chunks on the CPU; others prefill the whole
+    /// prompt; patch 23).
+    pub kv_splices: Vec<crate::KvSplice>,
+}
+
+impl CustomLogitsProcessor for RequestSettings {
+    fn apply(
+        &self,
+        logits: &candle_core::Tensor,
+        _context: &[u32],
+    ) -> candle_core::Result<candle_core::Tensor> {
+        Ok(logits.clone())
+    }
+
+    fn request_settings(&self) -> Option<RequestSettings> {
+        Some(self.clone())
+    }
+}
+
+/// docent: the request's settings taken out of its processors (the first that carries
+/// some; the defaults when none does), and the processors the sampler gets.
+pub(crate) fn take_request_settings(
+    processors: Option<Vec<Arc<dyn CustomLogitsProcessor>>>,
+) -> (RequestSettings, Vec<Arc<dyn CustomLogitsProcessor>>) {
+    let mut settings = None;
+    let mut rest = Vec::new();
+    for p in processors.unwrap_or_default() {
+        match p.request_settings() {
+            Some(s) => {
+                settings.get_or_insert(s);
+            }
+            None => rest.push(p),
+        }
+    }
+    (settings.unwrap_or_default(), rest)
+}
+
 #[derive(Clone, Serialize, Deserialize)]
 /// Control the constraint with llguidance.
 pub enum Constraint {

@@ -294,6 +294,12 @@ pub trait CustomLogitsProcessor: Send + Sync {
     /// sampled: per layer, the keys and values of every prompt position, (1, kv heads,
     /// positions, head dim). They share storage with the live cache: copy what you keep.
     fn observe_prompt_kv(&self, _layers: &[(Tensor, Tensor)]) {}
+
+    /// docent (vendor/PATCHES.md 26): the request settings this processor carries
+    /// ([`crate::RequestSettings`]); such a processor is taken out before sampling.
+    fn request_settings(&self) -> Option<crate::RequestSettings> {
+        None
+    }
 }
 
 impl<T: Fn(&Tensor, &[u32]) -> Result<Tensor> + Send + Sync> CustomLogitsProcessor for T {

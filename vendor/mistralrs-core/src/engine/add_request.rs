@@ -397,6 +397,15 @@ impl Engine {
 
         let tokenizer = get_mut_arcmutex!(self.pipeline).tokenizer();
 
+        // docent: the request's own settings, read once for all of its sequences
+        // (vendor/PATCHES.md 26)
+        let (settings, logits_processors) =
+            crate::request::take_request_settings(request.logits_processors);
+        let crate::RequestSettings {
+            draft_tokens,
+            skips_draft_model,
+            kv_splices,
+        } = settings;
         let sampler = Sampler::new(
             Some(request.sampling_params.temperature.unwrap_or(1.0)),
             request.sampling_params.top_n_logprobs,
@@ -408,7 +417,7 @@ impl Engine {
             topk,
             topp,
             minp,
-            request.logits_processors.unwrap_or_default(),
+            logits_processors,
         );
         let sampler = handle_seq_error!(sampler, request.response);
 
@@ -424,10 +433,6 @@ impl Engine {
         }
 
         // Add sequences
-        // docent: read once for all of the request's sequences (pipeline/lookup.rs)
-        let draft_tokens = crate::pipeline::take_request_draft_tokens(request.id);
-        let kv_splices = crate::kv_cache::take_request_kv_splices(request.id);
-        let skips_draft_model = crate::pipeline::take_request_skips_draft_model(request.id);
         for response_index in 0..request.sampling_params.n_choices {
             let factory = get_mut_arcmutex!(self.pipeline)
                 .get_metadata()

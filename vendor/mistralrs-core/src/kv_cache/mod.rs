@@ -69,25 +69,6 @@ pub struct KvSplice {
     pub exact: bool,
 }
 
-static KV_SPLICES: std::sync::LazyLock<Mutex<std::collections::HashMap<usize, Vec<KvSplice>>>> =
-    std::sync::LazyLock::new(Default::default);
-
-/// docent: the request with this id places `splices` (in order of `start`) into its prompt's
-/// cache when the engine adds it (pipelines that prefill in chunks on the CPU,
-/// `CacheManagerMixin::ragged_batching`; others prefill the whole prompt).
-pub fn set_request_kv_splices(request_id: usize, splices: Vec<KvSplice>) {
-    let mut pending = KV_SPLICES.lock().unwrap_or_else(|e| e.into_inner());
-    // a request that never reached the engine leaves its entry: never more than a few
-    if pending.len() >= 256 {
-        pending.clear();
-    }
-    if splices.is_empty() {
-        pending.remove(&request_id);
-    } else {
-        pending.insert(request_id, splices);
-    }
-}
-
 static KV_SPLICED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// docent: prompt positions whose keys and values were placed from splices since start
@@ -98,15 +79,6 @@ pub fn kv_spliced_positions() -> usize {
 
 pub(crate) fn count_spliced(positions: usize) {
     KV_SPLICED.fetch_add(positions, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// docent: the splices registered for a request, forgotten once read.
-pub(crate) fn take_request_kv_splices(request_id: usize) -> Vec<KvSplice> {
-    KV_SPLICES
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&request_id)
-        .unwrap_or_default()
 }
 
 pub trait CacheManager<T: CacheManagerMixin + MetadataMixin + ?Sized> {

@@ -9,12 +9,9 @@
 //! emit (greedy) or a sample from the same distribution (sampled requests); the KV cache is
 //! cut back to the emitted tokens. No draft model, so nothing else to keep in step.
 
-use std::{
-    collections::{HashMap, HashSet},
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc, LazyLock, Mutex, RwLock,
-    },
+use std::sync::{
+    atomic::{AtomicU64, Ordering},
+    Arc, RwLock,
 };
 
 use candle_core::{Result, Tensor};
@@ -29,16 +26,6 @@ use super::{EitherCache, Pipeline};
 pub type DraftProposer = fn(tokens: &[u32], max: usize) -> Vec<u32>;
 
 static PROPOSER: RwLock<Option<DraftProposer>> = RwLock::new(None);
-
-/// Draft length per request id, set by the caller before the request is sent and taken
-/// when the engine adds it.
-static REQUESTS: LazyLock<Mutex<HashMap<usize, usize>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
-
-/// docent (vendor/PATCHES.md 19): request ids whose sequences skip a speculative
-/// pipeline's draft model (plain target steps), set before the request is sent and taken
-/// when the engine adds it.
-static PLAIN: LazyLock<Mutex<HashSet<usize>>> = LazyLock::new(|| Mutex::new(HashSet::new()));
 
 /// Draft steps run, draft tokens read and draft tokens kept, over the process's life.
 static STEPS: AtomicU64 = AtomicU64::new(0);
@@ -63,57 +50,9 @@ pub(crate) fn count_draft_step(proposed: usize, accepted: usize) {
     ACCEPTED.fetch_add(accepted as u64, Ordering::Relaxed);
 }
 
-/// Requests registered and never added (a caller that gave up) are forgotten past this.
-const MAX_PENDING: usize = 4096;
-
 /// Registers the proposer (`None`: no drafts).
 pub fn set_draft_proposer(proposer: Option<DraftProposer>) {
     *PROPOSER.write().unwrap_or_else(|e| e.into_inner()) = proposer;
-}
-
-/// Lets the request with this id take drafts of up to `max_tokens` tokens (0: none).
-pub fn set_request_draft_tokens(request_id: usize, max_tokens: usize) {
-    let mut requests = REQUESTS.lock().unwrap_or_else(|e| e.into_inner());
-    if requests.len() >= MAX_PENDING {
-        requests.clear();
-    }
-    if max_tokens > 0 {
-        requests.insert(request_id, max_tokens);
-    } else {
-        requests.remove(&request_id);
-    }
-}
-
-/// Lets the request with this id skip the draft model of a speculative pipeline (`true`):
-/// its sequences run the target's own steps (with prompt-lookup drafts when
-/// [`set_request_draft_tokens`] allows them). Other pipelines ignore it.
-pub fn set_request_skips_draft_model(request_id: usize, skip: bool) {
-    let mut plain = PLAIN.lock().unwrap_or_else(|e| e.into_inner());
-    if plain.len() >= MAX_PENDING {
-        plain.clear();
-    }
-    if skip {
-        plain.insert(request_id);
-    } else {
-        plain.remove(&request_id);
-    }
-}
-
-/// Whether a request skips the draft model, forgotten once read.
-pub(crate) fn take_request_skips_draft_model(request_id: usize) -> bool {
-    PLAIN
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&request_id)
-}
-
-/// The draft length registered for a request (0 when none), forgotten once read.
-pub(crate) fn take_request_draft_tokens(request_id: usize) -> usize {
-    REQUESTS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&request_id)
-        .unwrap_or(0)
 }
 
 /// The draft for a completion step: only for a step of one sequence that allows drafts, in

@@ -96,11 +96,7 @@ pub(crate) use processing::{
 };
 use rand_isaac::Isaac64Rng;
 pub use speculative::{SpeculativeConfig, SpeculativeLoader, SpeculativePipeline};
-pub(crate) use lookup::{take_request_draft_tokens, take_request_skips_draft_model};
-pub use lookup::{
-    draft_counts, set_draft_proposer, set_request_draft_tokens, set_request_skips_draft_model,
-    DraftProposer,
-};
+pub use lookup::{draft_counts, set_draft_proposer, DraftProposer};
 pub use speech::{SpeechLoader, SpeechPipeline};
 use std::any::Any;
 use std::fmt::Debug;
