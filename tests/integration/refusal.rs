@@ -297,3 +297,83 @@ async fn a_speculative_answer_reads_the_probe_from_its_target() {
         assert_eq!(judgement.probability, got, "the probe decides");
     }
 }
+
+/// The probe's score of a request is the one its own prefill gives, however the engine
+/// reads the prompt: two requests prefilled together under continuous batching each get
+/// their own prompt's score, and a prompt whose passages' keys and values are placed from
+/// the passage cache (passage reuse, vendor/PATCHES.md 23) gets the score a full prefill
+/// gives: to four places with exact reuse, the same decision with the default (passages,
+/// blocks turned to their places).
+#[tokio::test]
+async fn the_probe_reads_each_requests_own_state_batched_and_with_passage_reuse() {
+    use docent::query::generate::reuse::PassageReuse;
+    use docent::query::generate::{Generator, Params};
+    let mut config = crate::helpers::config(&std::env::temp_dir());
+    config.generation.model = qwen_0_5b();
+    config.generation.prefix_cache = false;
+    let plain = Generator::load(&config.generation).await.unwrap();
+    let (probe, threshold) = plain.probe().expect("the default model has a probe");
+    let prompts = docent::server::startup::prompts(&config).unwrap();
+    let blocks = crate::helpers::office_guide();
+    let questions = [
+        crate::helpers::OFFICE_ANSWERED,
+        crate::helpers::OFFICE_NOT_ANSWERED,
+    ];
+    let rendered: Vec<_> = questions
+        .iter()
+        .map(|q| prompts.render(q, &blocks).unwrap())
+        .collect();
+    let mut want = Vec::new();
+    for prompt in &rendered {
+        let states = plain
+            .hidden_states(prompt, &[probe.file.layer])
+            .await
+            .unwrap()
+            .expect("states");
+        want.push(probe.score(&states).unwrap());
+    }
+    assert!(want[0] < threshold && want[1] >= threshold, "{want:?}");
+
+    // the judgement's score of one answer, read in its first step
+    async fn judged(g: &Generator, prompt: &docent::query::prompt::Prompt) -> f32 {
+        let mut stream = g.stream(prompt, &Params::greedy(2)).await.unwrap();
+        while let Some(event) = stream.next().await {
+            event.unwrap();
+        }
+        let judgement = stream.judgement().expect("a judgement");
+        judgement.signals.probe.expect("the probe's score")
+    }
+
+    // both prompts at once: under continuous batching they are prefilled in the same steps
+    let (a, b) = tokio::join!(judged(&plain, &rendered[0]), judged(&plain, &rendered[1]));
+    eprintln!("alone {want:?}, together [{a:.4}, {b:.4}]");
+    assert!((a - want[0]).abs() < 0.02 && (b - want[1]).abs() < 0.02);
+
+    for (reuse, tolerance) in [
+        (PassageReuse::Exact, Some(1e-3)),
+        (PassageReuse::Passages, None),
+    ] {
+        config.generation.passage_reuse = reuse;
+        let g = Generator::load(&config.generation).await.unwrap();
+        for (prompt, want) in rendered.iter().zip(&want) {
+            // a full prefill first (the exact mode keeps its blocks), then the blocks placed
+            let _ = judged(&g, prompt).await;
+            g.precompute_passages(prompt).await.unwrap();
+            let placed = mistralrs::core::kv_spliced_positions();
+            let got = judged(&g, prompt).await;
+            assert!(
+                mistralrs::core::kv_spliced_positions() > placed,
+                "{reuse:?}: no passage was placed"
+            );
+            eprintln!("{reuse:?}: full prefill {want:.4}, passages placed {got:.4}");
+            if let Some(t) = tolerance {
+                assert!((got - want).abs() < t, "{reuse:?}: {got} vs {want}");
+            }
+            assert_eq!(
+                got >= threshold,
+                *want >= threshold,
+                "{reuse:?}: {got} vs {want}"
+            );
+        }
+    }
+}
