@@ -448,12 +448,12 @@ impl Generator {
         let id = self.model.inner().next_request_id();
         // what the request type has no field for travels in the request as a processor the
         // engine takes out when it adds it (vendor/PATCHES.md 26)
-        let settings = mistralrs::core::RequestSettings {
+        let mut logits_processors = logits_processors.unwrap_or_default();
+        logits_processors.push(Arc::new(mistralrs::core::RequestSettings {
             draft_tokens: drafts.lookup_tokens,
             skips_draft_model: self.drafts.draft_model && !drafts.draft_model,
             kv_splices: splices,
-        };
-        let logits_processors = with_settings(logits_processors, settings);
+        }));
         let request = Request::Normal(Box::new(NormalRequest {
             messages,
             sampling_params,
@@ -465,7 +465,7 @@ impl Generator {
             suffix: None,
             tools: None,
             tool_choice: None,
-            logits_processors,
+            logits_processors: Some(logits_processors),
             return_raw_logits: false,
             web_search_options: None,
             model_id: None,
@@ -635,20 +635,6 @@ fn sampling(params: &Params) -> SamplingParams {
 
 /// The engine is shared by all requests.
 pub type SharedGenerator = Arc<Generator>;
-
-/// The request's processors with its `settings` among them, when they ask for anything
-/// (a request that asks for nothing is sent as the engine's own).
-fn with_settings(
-    processors: Option<Vec<Arc<dyn mistralrs::CustomLogitsProcessor>>>,
-    settings: mistralrs::core::RequestSettings,
-) -> Option<Vec<Arc<dyn mistralrs::CustomLogitsProcessor>>> {
-    if settings.draft_tokens == 0 && !settings.skips_draft_model && settings.kv_splices.is_empty() {
-        return processors;
-    }
-    let mut processors = processors.unwrap_or_default();
-    processors.push(Arc::new(settings));
-    Some(processors)
-}
 
 #[cfg(test)]
 mod tests {
