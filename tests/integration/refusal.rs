@@ -46,6 +46,35 @@ async fn ask(c: &reqwest::Client, url: &str, question: &str) -> Value {
     answer
 }
 
+/// The probe's score of `prompt` from a prefill that reads its layer (no answer).
+async fn prefill_score(
+    g: &docent::query::generate::Generator,
+    probe: &docent::query::generate::probe::Probe,
+    prompt: &docent::query::prompt::Prompt,
+) -> f32 {
+    let states = g
+        .hidden_states(prompt, &[probe.file.layer])
+        .await
+        .unwrap()
+        .expect("states");
+    probe.score(&states).expect("a score")
+}
+
+/// The judgement a short greedy answer of `prompt` streams with (read at its first step).
+async fn judged(
+    g: &docent::query::generate::Generator,
+    prompt: &docent::query::prompt::Prompt,
+) -> docent::query::generate::Judgement {
+    let mut stream = g
+        .stream(prompt, &docent::query::generate::Params::greedy(4))
+        .await
+        .unwrap();
+    while let Some(event) = stream.next().await {
+        event.unwrap();
+    }
+    stream.judgement().expect("a judgement")
+}
+
 /// The issue's own questions over the demo corpus with the default settings: what the book
 /// never speaks of is refused, what it answers is answered.
 #[tokio::test]
@@ -142,21 +171,14 @@ async fn the_probe_score_moves_the_right_way_on_a_fixed_pair() {
     let (probe, threshold) = generator.probe().expect("the default model has a probe");
     let prompts = docent::server::startup::prompts(&config).unwrap();
     let blocks = crate::helpers::office_guide();
-    let score = |question: &str| {
-        let prompt = prompts.render(question, &blocks).unwrap();
-        let g = &generator;
-        let probe = probe.clone();
-        async move {
-            let states = g
-                .hidden_states(&prompt, &[probe.file.layer])
-                .await
-                .unwrap()
-                .expect("states");
-            probe.score(&states).expect("a score")
-        }
-    };
-    let answered = score(crate::helpers::OFFICE_ANSWERED).await;
-    let not_answered = score(crate::helpers::OFFICE_NOT_ANSWERED).await;
+    let prompt = |question: &str| prompts.render(question, &blocks).unwrap();
+    let answered = prefill_score(&generator, probe, &prompt(crate::helpers::OFFICE_ANSWERED)).await;
+    let not_answered = prefill_score(
+        &generator,
+        probe,
+        &prompt(crate::helpers::OFFICE_NOT_ANSWERED),
+    )
+    .await;
     eprintln!("answered {answered:.3}, not answered {not_answered:.3}, threshold {threshold}");
     assert!(answered < not_answered, "{answered} vs {not_answered}");
     assert!(answered < threshold && not_answered >= threshold);
@@ -252,7 +274,7 @@ async fn the_committed_states_are_the_models_own() {
 /// decides with: the same as the plain prefill's (vendor/PATCHES.md 21).
 #[tokio::test]
 async fn a_speculative_answer_reads_the_probe_from_its_target() {
-    use docent::query::generate::{Generator, Params};
+    use docent::query::generate::Generator;
     let mut config = crate::helpers::config(&std::env::temp_dir());
     config.generation.model = qwen_0_5b();
     config.generation.prefix_cache = false;
@@ -270,23 +292,8 @@ async fn a_speculative_answer_reads_the_probe_from_its_target() {
         crate::helpers::OFFICE_NOT_ANSWERED,
     ] {
         let prompt = prompts.render(question, &blocks).unwrap();
-        let want = probe
-            .score(
-                &plain
-                    .hidden_states(&prompt, &[probe.file.layer])
-                    .await
-                    .unwrap()
-                    .expect("states"),
-            )
-            .unwrap();
-        let mut stream = speculative
-            .stream(&prompt, &Params::greedy(4))
-            .await
-            .unwrap();
-        while let Some(event) = stream.next().await {
-            event.unwrap();
-        }
-        let judgement = stream.judgement().expect("a judgement");
+        let want = prefill_score(&plain, probe, &prompt).await;
+        let judgement = judged(&speculative, &prompt).await;
         let got = judgement
             .signals
             .probe
@@ -307,7 +314,7 @@ async fn a_speculative_answer_reads_the_probe_from_its_target() {
 #[tokio::test]
 async fn the_probe_reads_each_requests_own_state_batched_and_with_passage_reuse() {
     use docent::query::generate::reuse::PassageReuse;
-    use docent::query::generate::{Generator, Params};
+    use docent::query::generate::Generator;
     let mut config = crate::helpers::config(&std::env::temp_dir());
     config.generation.model = qwen_0_5b();
     config.generation.prefix_cache = false;
@@ -325,27 +332,21 @@ async fn the_probe_reads_each_requests_own_state_batched_and_with_passage_reuse(
         .collect();
     let mut want = Vec::new();
     for prompt in &rendered {
-        let states = plain
-            .hidden_states(prompt, &[probe.file.layer])
-            .await
-            .unwrap()
-            .expect("states");
-        want.push(probe.score(&states).unwrap());
+        want.push(prefill_score(&plain, probe, prompt).await);
     }
     assert!(want[0] < threshold && want[1] >= threshold, "{want:?}");
 
-    // the judgement's score of one answer, read in its first step
-    async fn judged(g: &Generator, prompt: &docent::query::prompt::Prompt) -> f32 {
-        let mut stream = g.stream(prompt, &Params::greedy(2)).await.unwrap();
-        while let Some(event) = stream.next().await {
-            event.unwrap();
-        }
-        let judgement = stream.judgement().expect("a judgement");
-        judgement.signals.probe.expect("the probe's score")
+    // the probe's score in one answer's judgement
+    async fn scored(g: &Generator, prompt: &docent::query::prompt::Prompt) -> f32 {
+        judged(g, prompt)
+            .await
+            .signals
+            .probe
+            .expect("the probe's score")
     }
 
     // both prompts at once: under continuous batching they are prefilled in the same steps
-    let (a, b) = tokio::join!(judged(&plain, &rendered[0]), judged(&plain, &rendered[1]));
+    let (a, b) = tokio::join!(scored(&plain, &rendered[0]), scored(&plain, &rendered[1]));
     eprintln!("alone {want:?}, together [{a:.4}, {b:.4}]");
     assert!((a - want[0]).abs() < 0.02 && (b - want[1]).abs() < 0.02);
 
@@ -357,10 +358,10 @@ async fn the_probe_reads_each_requests_own_state_batched_and_with_passage_reuse(
         let g = Generator::load(&config.generation).await.unwrap();
         for (prompt, want) in rendered.iter().zip(&want) {
             // a full prefill first (the exact mode keeps its blocks), then the blocks placed
-            let _ = judged(&g, prompt).await;
+            let _ = scored(&g, prompt).await;
             g.precompute_passages(prompt).await.unwrap();
             let placed = mistralrs::core::kv_spliced_positions();
-            let got = judged(&g, prompt).await;
+            let got = scored(&g, prompt).await;
             assert!(
                 mistralrs::core::kv_spliced_positions() > placed,
                 "{reuse:?}: no passage was placed"
