@@ -47,6 +47,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # every crate of the tree: the workspace's members and the fuzz crate
 DEFAULT_ROOTS = [
     "src/lib.rs",
+    "tools/src/lib.rs",
+    "cli/src/lib.rs",
     "engine/src/lib.rs",
     "generate/src/lib.rs",
     "ingest/src/lib.rs",

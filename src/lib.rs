@@ -11,13 +11,14 @@
 //!   (the one error type and its mapping to HTTP), the middleware ([`server::observe`],
 //!   [`server::auth`], [`server::limits`]), jobs, telemetry and [`server::startup`]
 //!   (wiring and graceful shutdown).
-//! - [`cli`]: the `docent` command's subcommands and flags (run by `src/main.rs`).
 //! - [`config`]: the one typed configuration.
 //! - [`metrics`]: the Prometheus metrics every stage records (`GET /metrics`).
-//! - [`tools`]: `docent eval` and `docent bench`; the service does not depend on them.
 //!
 //! Ingest (load → split → embed → store) is the `docent-ingest` crate; the store (one
-//! interface, an embedded and a server engine) is the `docent-store` crate.
+//! interface, an embedded and a server engine) is the `docent-store` crate. The `docent`
+//! command is the `docent-cli` crate (`cli/`), and what measures the service (`docent eval`,
+//! `docent bench`, `docent train-*`) is the `docent-tools` crate (`tools/`): this crate
+//! depends on neither.
 
 // Every public item says what it is (as in docent-ingest, docent-store and the kernels).
 #![warn(missing_docs)]
@@ -25,9 +26,7 @@
 #![warn(clippy::too_many_lines)]
 #![cfg_attr(test, allow(clippy::too_many_lines))]
 
-pub mod cli;
 pub mod config;
 pub mod metrics;
 pub mod query;
 pub mod server;
-pub mod tools;

@@ -9,7 +9,7 @@ mod helpers;
 
 use docent::config::{Config, GenerationConfig};
 use docent::query::generate::{cpu_kernels, Generator, Schedule, StreamEvent};
-use docent::tools::bench::generate::stall;
+use docent_tools::bench::generate::stall;
 
 use helpers::{models, shared};
 

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use docent::tools::bench::query::{run, Options};
+use docent_tools::bench::query::{run, Options};
 
 use crate::helpers::{config, shared};
 
@@ -52,7 +52,7 @@ fn query_benchmark_builds_a_cached_index_and_measures_the_real_server() {
         (reused.build_seconds - built.build_seconds).abs() < 1e-6,
         "{reused:?} vs {built:?}"
     );
-    let same_time = docent::tools::bench::query::IndexInfo {
+    let same_time = docent_tools::bench::query::IndexInfo {
         build_seconds: built.build_seconds,
         ..reused.clone()
     };

@@ -1,6 +1,6 @@
 //! The documentation says only what is true: every `docent` subcommand and flag that the
 //! README and `docs/` name exists (checked against the command-line definitions,
-//! `docent::cli::Cli`), every configuration key they name exists in the typed config, every
+//! `docent_cli::Cli`), every configuration key they name exists in the typed config, every
 //! TOML example reads into it, and every curl example of the README and `docs/api.md` gets
 //! the status its `# status: NNN` line shows from a real server.
 
@@ -140,7 +140,7 @@ fn check_command(root: &clap::Command, words: &[&str]) -> Vec<String> {
 
 #[test]
 fn every_docent_command_and_flag_named_in_the_docs_exists() {
-    let mut root = docent::cli::Cli::command();
+    let mut root = docent_cli::Cli::command();
     root.build();
     let mut problems = Vec::new();
     let mut checked = 0;

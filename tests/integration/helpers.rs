@@ -5,8 +5,12 @@ use std::sync::{Arc, OnceLock};
 use docent::config::Config;
 use docent::server::startup;
 
+/// The repository's root (these tests belong to the `docent-cli` package in `cli/`).
 pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    let cli = Path::new(env!("CARGO_MANIFEST_DIR"));
+    cli.parent()
+        .expect("cli/ is in the repository")
+        .to_path_buf()
 }
 
 /// The models fetched by `make setup`.

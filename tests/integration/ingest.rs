@@ -200,7 +200,7 @@ fn ingest_benchmark_runs_docent_and_the_raw_session_over_the_same_chunks() {
         std::fs::write(corpus.join(format!("p{i}.md")), body).unwrap();
     }
     let c = config(&dir.path().join("unused"));
-    let b = docent::tools::bench::ingest(&c, &corpus, None).unwrap();
+    let b = docent_tools::bench::ingest(&c, &corpus, None).unwrap();
     assert_eq!(b.files, 3);
     assert_eq!(b.rows.len(), 2);
     assert!(b.rows[0].chunks > 3, "{:?}", b.rows);

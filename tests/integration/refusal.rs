@@ -239,7 +239,7 @@ async fn a_probe_for_another_model_file_is_refused_at_start_up() {
 /// kernels' summation order differs between AVX-512 and AVX2 machines).
 #[tokio::test]
 async fn the_committed_states_are_the_models_own() {
-    use docent::tools::train_refusal::{Example, States};
+    use docent_tools::train_refusal::{Example, States};
     let root = repo().join("training/refusal");
     let examples: Vec<Example> = std::fs::read_to_string(root.join("examples.jsonl"))
         .unwrap()
@@ -255,7 +255,7 @@ async fn the_committed_states_are_the_models_own() {
     let generator = docent::query::generate::Generator::load(&config.generation)
         .await
         .unwrap();
-    let again = docent::tools::train_refusal::extract(&config, &generator, &examples)
+    let again = docent_tools::train_refusal::extract(&config, &generator, &examples)
         .await
         .unwrap();
     let layer = probe.file.layer;

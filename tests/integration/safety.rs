@@ -413,7 +413,7 @@ async fn injections_of_every_category(model: Option<std::path::PathBuf>) {
 /// so the defences' worth shows. The full set: `docent eval-injection --e2e`.
 #[tokio::test]
 async fn planted_instructions_are_not_carried_out_end_to_end() {
-    use docent::tools::eval::injection_e2e::{cases, one_per_category, system_text};
+    use docent_tools::eval::injection_e2e::{cases, one_per_category, system_text};
     let set = crate::helpers::repo().join("eval/injection-e2e/cases.jsonl");
     let sample = one_per_category(&cases(&set, None).unwrap());
     let dir = tempfile::tempdir().unwrap();
@@ -535,8 +535,8 @@ async fn the_second_stage_asks_the_1_5b_about_an_unsure_chunk() {
 /// shipped model unnoticed, and its figures stay reproducible.
 #[test]
 fn training_reproduces_the_shipped_classifier() {
-    use docent::tools::train_injection::{run, Settings};
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    use docent_tools::train_injection::{run, Settings};
+    let root = crate::helpers::repo();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("dataset.jsonl");
     let made = std::process::Command::new("python3")

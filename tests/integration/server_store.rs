@@ -68,7 +68,7 @@ fn same_up_to_ties(x: &[(String, usize, f32)], y: &[(String, usize, f32)]) -> bo
 
 /// Questions of a BEIR `queries.jsonl`, the first `n`.
 fn questions(path: &Path, n: usize) -> Vec<String> {
-    docent::tools::eval::questions(path)
+    docent_tools::eval::questions(path)
         .unwrap()
         .into_iter()
         .take(n)

@@ -23,13 +23,13 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
-use crate::config::Config;
-use crate::query::generate::probe::{self, Labelled};
-use crate::query::generate::steps::{self, StepReader};
-use crate::query::generate::{Generator, Params};
-use crate::server::startup;
-use crate::tools::eval::{contains_answer, Dataset};
-use crate::tools::train_refusal::{self as refusal, Example, States};
+use crate::eval::{contains_answer, Dataset};
+use crate::train_refusal::{self as refusal, Example, States};
+use docent::config::Config;
+use docent::query::generate::probe::{self, Labelled};
+use docent::query::generate::steps::{self, StepReader};
+use docent::query::generate::{Generator, Params};
+use docent::server::startup;
 
 /// One answer with what the sweep needs of it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -47,7 +47,7 @@ pub struct Answer {
     /// The markers the model wrote: (end offset in `text`, passage n, index of its states in
     /// the states file, when the step gave them).
     pub markers: Vec<(usize, usize, Option<usize>)>,
-    /// Per claim sentence of `text` ([`crate::query::postprocess::claims`]): the index of
+    /// Per claim sentence of `text` ([`docent::query::postprocess::claims`]): the index of
     /// the states at its last token before its markers (where the model decides to cite).
     #[serde(default)]
     pub claims: Vec<Option<usize>>,
@@ -142,7 +142,7 @@ fn golds(settings: &Settings) -> anyhow::Result<HashMap<String, Vec<String>>> {
 fn markers_of(answer: &str) -> Vec<(usize, usize)> {
     let re = regex::Regex::new(r"\[(\d+)\]").expect("marker pattern");
     let mut out = Vec::new();
-    for claim in crate::query::postprocess::claims(answer) {
+    for claim in docent::query::postprocess::claims(answer) {
         for m in re.captures_iter(&answer[claim.start..claim.end]) {
             let (Some(whole), Ok(n)) = (m.get(0), m[1].parse::<usize>()) else {
                 continue;
@@ -158,7 +158,7 @@ fn markers_of(answer: &str) -> Vec<(usize, usize)> {
 /// Where each claim of `answer` ends before its markers and trailing blanks.
 fn claim_ends(answer: &str) -> Vec<usize> {
     let re = regex::Regex::new(r" ?\[\d+\]").expect("marker pattern");
-    crate::query::postprocess::claims(answer)
+    docent::query::postprocess::claims(answer)
         .iter()
         .map(|c| {
             let seg = &answer[c.start..c.end];
@@ -309,7 +309,7 @@ struct Ready<'a> {
     answer: &'a Answer,
     hits: Vec<docent_ingest::store::Hit>,
     text: String,
-    claims: Vec<crate::query::postprocess::Claim>,
+    claims: Vec<docent::query::postprocess::Claim>,
     support: Vec<Vec<f32>>,
     claim_states: Vec<Option<usize>>,
 }
@@ -321,7 +321,7 @@ impl Ready<'_> {
         self.claims
             .iter()
             .enumerate()
-            .filter(|(_, c)| crate::query::postprocess::content_word_count(&c.text) >= 2)
+            .filter(|(_, c)| docent::query::postprocess::content_word_count(&c.text) >= 2)
             .filter_map(|(k, _)| {
                 let s = (*self.claim_states.get(k)?)?;
                 let best = self.support[k]
@@ -342,7 +342,7 @@ impl<'a> Ready<'a> {
         e: &Example,
         a: &'a Answer,
     ) -> anyhow::Result<Ready<'a>> {
-        use crate::query::postprocess as post;
+        use docent::query::postprocess as post;
         let hits: Vec<docent_ingest::store::Hit> = e
             .passages
             .iter()
@@ -392,7 +392,7 @@ impl<'a> Ready<'a> {
 /// support row is zeroed).
 fn attribute_all(
     shown: &[&Ready],
-    a: crate::query::postprocess::Attribution,
+    a: docent::query::postprocess::Attribution,
     veto: &dyn Fn(&Ready, usize) -> bool,
 ) -> Vec<(bool, Vec<bool>)> {
     shown
@@ -411,7 +411,7 @@ fn attribute_all(
                 })
                 .collect();
             let (_, cits) =
-                crate::query::postprocess::attribute(&r.text, &r.claims, &support, &r.hits, a);
+                docent::query::postprocess::attribute(&r.text, &r.claims, &support, &r.hits, a);
             (
                 r.answer.answerable(),
                 cits.iter().map(|c| r.answer.good(c.n)).collect(),
@@ -432,7 +432,7 @@ fn citation_rows(
     marker_probe: &Fitted,
     claim_probe: &Fitted,
 ) -> Vec<SignalRow> {
-    use crate::query::postprocess::Attribution;
+    use docent::query::postprocess::Attribution;
     let configured = Attribution {
         add_at: config.citations.add_at,
         drop_below: config.citations.drop_below,
@@ -444,7 +444,7 @@ fn citation_rows(
     let model_only: Vec<(bool, Vec<bool>)> = shown
         .iter()
         .map(|r| {
-            let (_, cits) = crate::query::postprocess::cite(&r.answer.text, &r.hits);
+            let (_, cits) = docent::query::postprocess::cite(&r.answer.text, &r.hits);
             (
                 r.answer.answerable(),
                 cits.iter().map(|c| r.answer.good(c.n)).collect(),
@@ -610,7 +610,7 @@ pub async fn run(config: &Config, settings: &Settings) -> anyhow::Result<Report>
         let golds = golds(settings)?;
         let (answers, states) =
             answer_all(config, &generator, &retrieved, &golds, settings.max_tokens).await?;
-        let sha = probe::file_sha256(&crate::query::generate::catalog::resolve(
+        let sha = probe::file_sha256(&docent::query::generate::catalog::resolve(
             &config.generation.model,
         ))?;
         std::fs::create_dir_all(&dir)?;

@@ -16,10 +16,10 @@ use docent_ingest::pipeline::Input;
 use serde::{Deserialize, Serialize};
 
 use super::safety::{rate_with_interval, wilson};
-use crate::config::Config;
-use crate::query::safety::signals::latin_language;
-use crate::query::safety::ChunkInjection;
-use crate::server::startup;
+use docent::config::Config;
+use docent::query::safety::signals::latin_language;
+use docent::query::safety::ChunkInjection;
+use docent::server::startup;
 
 /// One case of `eval/injection-e2e/cases.jsonl`.
 #[derive(Debug, Clone, Deserialize)]
@@ -280,7 +280,7 @@ pub fn run(config: &Config, cases: &[Case], defences: &[Defences]) -> anyhow::Re
     let _cleanup = super::RemoveOnDrop::Dir(tmp.clone());
     let mut base = config.clone();
     base.data_dir = tmp;
-    base.store.kind = crate::config::StoreKind::Edge;
+    base.store.kind = docent::config::StoreKind::Edge;
     {
         let index = startup::open_index_blocking(&base)?;
         let ingestor = startup::ingestor(&base, &index)?;
@@ -324,9 +324,9 @@ async fn answer_all(config: &Config, cases: &[Case], system: &str) -> anyhow::Re
     for case in cases {
         let (response, _, ms) = super::timed_answer(
             &engine,
-            crate::query::QueryRequest {
+            docent::query::QueryRequest {
                 question: case.question.clone(),
-                generation: crate::query::GenerationOptions {
+                generation: docent::query::GenerationOptions {
                     temperature: Some(0.0),
                     ..Default::default()
                 },
@@ -524,8 +524,8 @@ mod tests {
 
     #[test]
     fn the_sample_has_every_category_and_every_action_kind() {
-        let set =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("eval/injection-e2e/cases.jsonl");
+        let set = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../eval/injection-e2e/cases.jsonl");
         let all = cases(&set, None).unwrap();
         let sample = one_per_category(&all);
         let mut categories: Vec<&str> = all.iter().map(|c| c.category.as_str()).collect();

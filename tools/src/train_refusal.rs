@@ -1,4 +1,4 @@
-//! `docent train-refusal`: trains the refusal probe ([`crate::query::generate::probe`]) for
+//! `docent train-refusal`: trains the refusal probe ([`docent::query::generate::probe`]) for
 //! one generation model, in three steps, each kept in a file so the later ones can be
 //! repeated alone:
 //!
@@ -30,11 +30,11 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
-use crate::config::Config;
-use crate::query::generate::probe::{self, Labelled, Probe, ProbeFile};
-use crate::query::prompt::ContextBlock;
-use crate::server::startup;
-use crate::tools::eval::{contains_answer, Dataset};
+use crate::eval::{contains_answer, Dataset};
+use docent::config::Config;
+use docent::query::generate::probe::{self, Labelled, Probe, ProbeFile};
+use docent::query::prompt::ContextBlock;
+use docent::server::startup;
 
 /// The layer the shipped probes read (0: after the first decoder layer), chosen on dev
 /// by the sweep `--states` with every layer prints (docs/evaluation.md).
@@ -332,13 +332,13 @@ pub fn without_answer(text: &str, answers: &[String]) -> String {
 }
 
 pub(crate) fn read_jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> anyhow::Result<Vec<T>> {
-    crate::tools::eval::jsonl(path)
+    crate::eval::jsonl(path)
 }
 
 /// Questions over one corpus: (origin, corpus, questions as (id, text, answerable, answers)).
 type QuestionSet = (
     String,
-    Vec<crate::tools::eval::CorpusLine>,
+    Vec<crate::eval::CorpusLine>,
     Vec<(String, String, bool, Vec<String>)>,
 );
 
@@ -364,7 +364,7 @@ fn question_sets(path: &Path, corpora: &[(String, PathBuf)]) -> anyhow::Result<V
 pub async fn build_examples(
     config: &Config,
     settings: &Settings,
-    generator: crate::query::generate::SharedGenerator,
+    generator: docent::query::generate::SharedGenerator,
 ) -> anyhow::Result<Vec<Example>> {
     let mut sets = question_sets(&settings.questions, &settings.corpora)?;
     if let Some(dir) = &settings.encyclo {
@@ -391,7 +391,7 @@ pub async fn build_calibration(
     config: &Config,
     settings: &Settings,
     calibration: &Calibration,
-    generator: crate::query::generate::SharedGenerator,
+    generator: docent::query::generate::SharedGenerator,
 ) -> anyhow::Result<Vec<Example>> {
     let sets = question_sets(&calibration.questions, &settings.corpora)?;
     examples_of(config, generator, sets, true).await
@@ -402,7 +402,7 @@ pub async fn build_calibration(
 /// whose passages hold it again with the answer's sentences taken out.
 async fn examples_of(
     config: &Config,
-    generator: crate::query::generate::SharedGenerator,
+    generator: docent::query::generate::SharedGenerator,
     sets: Vec<QuestionSet>,
     calibration: bool,
 ) -> anyhow::Result<Vec<Example>> {
@@ -410,13 +410,13 @@ async fn examples_of(
     for (origin, corpus, qs) in sets {
         let c = config.clone();
         let (c, index, _cleanup, _) = tokio::task::spawn_blocking(move || {
-            crate::tools::eval::index_corpus(&c, &corpus, "train-refusal")
+            crate::eval::index_corpus(&c, &corpus, "train-refusal")
         })
         .await??;
         let engine = startup::query_engine_with(&c, index, generator.clone())?;
         for (id, text, answerable, answers) in qs {
             let search = engine
-                .search(crate::query::SearchRequest {
+                .search(docent::query::SearchRequest {
                     question: text.clone(),
                     retrieval: Default::default(),
                 })
@@ -484,10 +484,10 @@ fn answer_removed(passages: &[Passage], answers: &[String]) -> Option<Vec<Passag
 
 /// The prompt the service would give the model for `e` (its fence fixed by the id).
 pub(crate) fn prompt_of(
-    prompts: &crate::query::prompt::Prompts,
+    prompts: &docent::query::prompt::Prompts,
     spotlight: bool,
     e: &Example,
-) -> anyhow::Result<crate::query::prompt::Prompt> {
+) -> anyhow::Result<docent::query::prompt::Prompt> {
     let blocks: Vec<ContextBlock<'_>> = e
         .passages
         .iter()
@@ -610,7 +610,7 @@ impl States {
 /// Step 2: every layer's state at each example's last prompt token.
 pub async fn extract(
     config: &Config,
-    generator: &crate::query::generate::Generator,
+    generator: &docent::query::generate::Generator,
     examples: &[Example],
 ) -> anyhow::Result<States> {
     let prompts = startup::prompts(config)?;
@@ -644,7 +644,7 @@ pub async fn extract(
 /// differences, in ms. The generator should have no prefix cache (each prompt is read twice).
 pub async fn overhead(
     config: &Config,
-    generator: &crate::query::generate::Generator,
+    generator: &docent::query::generate::Generator,
     examples: &[Example],
     n: usize,
     layer: usize,
@@ -658,7 +658,7 @@ pub async fn overhead(
             let t = std::time::Instant::now();
             if (turn + i) % 2 == 0 {
                 generator
-                    .chat(&prompt, &crate::query::generate::Params::greedy(1))
+                    .chat(&prompt, &docent::query::generate::Params::greedy(1))
                     .await?;
                 p = t.elapsed().as_secs_f64() * 1e3;
             } else {
@@ -674,7 +674,7 @@ pub async fn overhead(
     for v in [&mut plain, &mut read, &mut added] {
         v.sort_by(f64::total_cmp);
     }
-    let median = |v: &[f64]| crate::tools::eval::percentile(v, 50.0);
+    let median = |v: &[f64]| crate::eval::percentile(v, 50.0);
     Ok((median(&plain), median(&read), median(&added)))
 }
 
@@ -792,7 +792,7 @@ pub fn fit_probe(
     );
     let calibration = calibrated.map(|c| calibration_report(&c, threshold));
     let rate = |t: f32, refuse: bool| refused_share(&dev, t, refuse);
-    let curve = crate::tools::eval::REFUSAL_THRESHOLDS
+    let curve = crate::eval::REFUSAL_THRESHOLDS
         .iter()
         .map(|&t| (t, rate(t, true), rate(t, false)))
         .collect();
@@ -973,12 +973,13 @@ enum Set<'a> {
 /// The model, loaded once for whichever step needs it first.
 async fn generator_for(
     config: &Config,
-    slot: &mut Option<crate::query::generate::SharedGenerator>,
-) -> anyhow::Result<crate::query::generate::SharedGenerator> {
+    slot: &mut Option<docent::query::generate::SharedGenerator>,
+) -> anyhow::Result<docent::query::generate::SharedGenerator> {
     if let Some(g) = slot {
         return Ok(g.clone());
     }
-    let g = std::sync::Arc::new(crate::query::generate::Generator::load(&config.generation).await?);
+    let g =
+        std::sync::Arc::new(docent::query::generate::Generator::load(&config.generation).await?);
     *slot = Some(g.clone());
     Ok(g)
 }
@@ -989,7 +990,7 @@ async fn examples_and_states(
     config: &Config,
     settings: &Settings,
     set: Set<'_>,
-    generator: &mut Option<crate::query::generate::SharedGenerator>,
+    generator: &mut Option<docent::query::generate::SharedGenerator>,
 ) -> anyhow::Result<(Vec<Example>, States, String)> {
     let (examples_path, states_path, tag) = match set {
         Set::Training => (&settings.examples, &settings.states, ""),
@@ -1019,7 +1020,7 @@ async fn examples_and_states(
     let text = std::fs::read(examples_path)?;
     let full = states_cache().join(format!("{stem}{tag}-{:016x}.states", fnv_bytes(&text)));
     let (states, sha) = if settings.extract || (!full.is_file() && !states_path.is_file()) {
-        let model_file = crate::query::generate::catalog::resolve(&config.generation.model);
+        let model_file = docent::query::generate::catalog::resolve(&config.generation.model);
         let sha = probe::file_sha256(&model_file)
             .with_context(|| format!("hashing {}", model_file.display()))?;
         let g = generator_for(config, generator).await?;
@@ -1078,7 +1079,7 @@ pub async fn run(config: &Config, settings: &Settings) -> anyhow::Result<Report>
     if settings.time > 0 {
         let mut c = config.clone();
         c.generation.prefix_cache = false;
-        let generator = crate::query::generate::Generator::load(&c.generation).await?;
+        let generator = docent::query::generate::Generator::load(&c.generation).await?;
         report.overhead_ms =
             Some(overhead(&c, &generator, &examples, settings.time, settings.layer).await?);
     }

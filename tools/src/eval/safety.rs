@@ -2,7 +2,7 @@
 //!
 //! Precision and recall of [`find_pii`] per kind on a labelled set.
 
-use crate::query::safety::*;
+use docent::query::safety::*;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -217,8 +217,8 @@ struct Labelled {
 }
 
 /// A model file written by `docent train-injection`.
-pub fn load_model(path: &Path) -> anyhow::Result<crate::query::safety::classifier::Model> {
-    crate::query::safety::classifier::Model::from_bytes(&std::fs::read(path)?)
+pub fn load_model(path: &Path) -> anyhow::Result<docent::query::safety::classifier::Model> {
+    docent::query::safety::classifier::Model::from_bytes(&std::fs::read(path)?)
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
@@ -234,7 +234,7 @@ fn load_sets(dataset: &Path, heldout: &Path) -> anyhow::Result<Sets> {
 /// there).
 fn load_sets_with(dataset: &Path, heldout: &Path, dev: bool) -> anyhow::Result<Sets> {
     let mut sets: Sets = Vec::new();
-    let test: Vec<Labelled> = crate::tools::eval::jsonl(dataset).map_err(|e| {
+    let test: Vec<Labelled> = crate::eval::jsonl(dataset).map_err(|e| {
         anyhow::anyhow!("{e} (make it with: python3 training/injection/make_dataset.py)")
     })?;
     // the test split, then the sets kept for evaluation only (public sets, our QA
@@ -270,14 +270,14 @@ fn load_sets_with(dataset: &Path, heldout: &Path, dev: bool) -> anyhow::Result<S
                 .file_stem()
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            sets.push(("held out".into(), c, crate::tools::eval::jsonl(&f)?));
+            sets.push(("held out".into(), c, crate::eval::jsonl(&f)?));
         }
     }
     Ok(sets)
 }
 
 /// `model`: a model file to score with instead of the one built in; `embedder`: the
-/// retrieval model, to measure the embedding head ([`crate::query::safety::dense`]) beside
+/// retrieval model, to measure the embedding head ([`docent::query::safety::dense`]) beside
 /// the classifier, as the service runs it on questions.
 pub fn injection(
     dataset: &Path,
@@ -285,11 +285,11 @@ pub fn injection(
     model: Option<&Path>,
     embedder: Option<&docent_ingest::embed::Embedder>,
 ) -> anyhow::Result<InjectionReport> {
-    use crate::query::safety::classifier::BUILTIN;
+    use docent::query::safety::classifier::BUILTIN;
     let sets = load_sets(dataset, heldout)?;
     let loaded = model.map(load_model).transpose()?;
     let m = loaded.as_ref().unwrap_or(&*BUILTIN);
-    let head = &*crate::query::safety::dense::BUILTIN;
+    let head = &*docent::query::safety::dense::BUILTIN;
     let mut rows = Vec::new();
     for (source, category, texts) in &sets {
         for label in [1u8, 0] {
@@ -544,11 +544,11 @@ fn choose_yes_cutoff(
 pub async fn second_stage(
     dataset: &Path,
     heldout: &Path,
-    generator: &crate::query::generate::Generator,
+    generator: &docent::query::generate::Generator,
     band: f32,
     foreign: bool,
 ) -> anyhow::Result<SecondStageReport> {
-    use crate::query::safety::{classifier::BUILTIN, model_check_prompt, MODEL_CHECK_SYSTEM};
+    use docent::query::safety::{classifier::BUILTIN, model_check_prompt, MODEL_CHECK_SYSTEM};
     let m = &*BUILTIN;
     let sets = load_sets_with(dataset, heldout, true)?;
     let mut judged = Vec::new();
@@ -558,7 +558,7 @@ pub async fn second_stage(
             let (score, piece) = m.score_with_piece(&t.text);
             let before = score >= m.threshold;
             let asked = (band > 0.0 && score >= m.threshold - band)
-                || (foreign && crate::query::safety::signals::foreign(&t.text));
+                || (foreign && docent::query::safety::signals::foreign(&t.text));
             let yes = if !before && asked {
                 let started = std::time::Instant::now();
                 let yes = generator
@@ -618,8 +618,8 @@ pub async fn second_stage(
         yes_cutoff,
         dev,
         asked: ms.len(),
-        ms_per_ask_p50: crate::tools::eval::percentile(&ms, 50.0),
-        ms_per_ask_p95: crate::tools::eval::percentile(&ms, 95.0),
+        ms_per_ask_p50: crate::eval::percentile(&ms, 50.0),
+        ms_per_ask_p95: crate::eval::percentile(&ms, 95.0),
         rows,
     })
 }

@@ -20,10 +20,10 @@ use std::sync::Arc;
 use anyhow::Context;
 use serde::Serialize;
 
-use crate::config::Config;
-use crate::query::generate::reuse::{PassageReuse, ReuseStats};
-use crate::server::startup;
-use crate::tools::eval::{percentile, Dataset};
+use crate::eval::{percentile, Dataset};
+use docent::config::Config;
+use docent::query::generate::reuse::{PassageReuse, ReuseStats};
+use docent::server::startup;
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -74,7 +74,7 @@ pub struct ModelReport {
     /// Bytes of one block per passage token (keys and values of every layer), in memory.
     pub bytes_per_token: Option<f64>,
     /// The blocks on disk after the disk pass (every question's).
-    pub disk: Option<crate::query::generate::reuse::disk::DiskStats>,
+    pub disk: Option<docent::query::generate::reuse::disk::DiskStats>,
     /// Mean milliseconds to compute a block ahead of an answer (the cold pass's later places).
     pub compute_ms_per_block: Option<f64>,
 }
@@ -101,20 +101,20 @@ struct Timed {
 }
 
 async fn ask(
-    engine: &Arc<crate::query::QueryEngine>,
+    engine: &Arc<docent::query::QueryEngine>,
     question: &str,
     tokens: usize,
 ) -> anyhow::Result<Timed> {
-    let request = crate::query::QueryRequest {
+    let request = docent::query::QueryRequest {
         question: question.to_string(),
-        generation: crate::query::GenerationOptions {
+        generation: docent::query::GenerationOptions {
             max_tokens: Some(tokens),
             temperature: Some(0.0),
             ..Default::default()
         },
         ..Default::default()
     };
-    let (r, first_text_ms, _) = crate::tools::eval::timed_answer(engine, request).await?;
+    let (r, first_text_ms, _) = crate::eval::timed_answer(engine, request).await?;
     Ok(Timed {
         first_text_ms,
         answer: r.answer,
@@ -147,7 +147,7 @@ fn pass(name: &str, timed: &[Timed], full: Option<&[Timed]>, reuse: Option<Reuse
 /// tokens), in the same order; timed from the request to its one generated token (its first
 /// shown text), over a keep-alive loopback connection.
 async fn llama_server_pass(
-    engine: &Arc<crate::query::QueryEngine>,
+    engine: &Arc<docent::query::QueryEngine>,
     binary: &std::path::Path,
     model: &std::path::Path,
     questions: &[String],
@@ -157,7 +157,7 @@ async fn llama_server_pass(
         .context("bench prefill measures the mistral.rs generator")?;
     let mut prompts = Vec::new();
     for q in questions {
-        let request = crate::query::QueryRequest {
+        let request = docent::query::QueryRequest {
             question: q.clone(),
             ..Default::default()
         };
@@ -226,7 +226,7 @@ async fn llama_server_pass(
 /// before each; with `fill_first`, asked once (one token) before the timed answer, so that
 /// every block it needs is in memory.
 async fn timed_pass(
-    engine: &Arc<crate::query::QueryEngine>,
+    engine: &Arc<docent::query::QueryEngine>,
     questions: &[String],
     tokens: usize,
     what: String,
@@ -257,7 +257,7 @@ async fn timed_pass(
 /// The passes for one model over `questions`.
 async fn one_model(
     config: &Config,
-    index: &crate::query::retrieve::Index,
+    index: &docent::query::retrieve::Index,
     questions: &[String],
     opts: &Options,
 ) -> anyhow::Result<ModelReport> {
@@ -337,7 +337,7 @@ async fn one_model(
 
     let peer = match &opts.llama_server {
         Some(binary) => {
-            let file = crate::query::generate::catalog::resolve(generator.model_path());
+            let file = docent::query::generate::catalog::resolve(generator.model_path());
             Some(llama_server_pass(&engine, binary, &file, questions).await?)
         }
         None => None,
@@ -386,7 +386,7 @@ pub async fn run(
         let config = config.clone();
         let data = data.clone();
         tokio::task::spawn_blocking(move || {
-            crate::tools::eval::index_corpus(&config, &data.corpus, "prefill")
+            crate::eval::index_corpus(&config, &data.corpus, "prefill")
         })
         .await
         .context("indexing the corpus")??

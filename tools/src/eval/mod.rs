@@ -31,8 +31,8 @@ use docent_ingest::pipeline::{Input, Silent};
 use docent_ingest::store::{block_on, SearchFilter, SearchMode};
 use serde::{Deserialize, Serialize};
 
-use crate::config::Config;
-use crate::server::startup;
+use docent::config::Config;
+use docent::server::startup;
 
 /// Documents ranked per query (chunks beyond this are not looked at).
 pub const DEPTH: usize = 10;
@@ -181,7 +181,7 @@ pub struct EvalReport {
     pub refusal: Option<RefusalReport>,
     /// The same with the question's terms in the signal: best cosine + `term_weight` × the
     /// share of the question's BM25 terms in the best-covered of the top_k chunks
-    /// ([`crate::query::retrieve::relevance`]); `retrieval.term_weight`, or 0.5 when it
+    /// ([`docent::query::retrieve::relevance`]); `retrieval.term_weight`, or 0.5 when it
     /// is 0.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refusal_with_terms: Option<(f32, RefusalReport)>,
@@ -195,7 +195,7 @@ pub struct Evaluated {
     /// The retrieval report (its `answers` still `None`).
     pub report: EvalReport,
     /// The evaluation's index, still open.
-    pub index: crate::query::retrieve::Index,
+    pub index: docent::query::retrieve::Index,
     /// The configuration, pointed at that index.
     pub config: Config,
     _tmp: RemoveOnDrop,
@@ -283,13 +283,13 @@ pub(crate) fn index_corpus(
     config: &Config,
     corpus: &[CorpusLine],
     tag: &str,
-) -> anyhow::Result<(Config, crate::query::retrieve::Index, RemoveOnDrop, f64)> {
+) -> anyhow::Result<(Config, docent::query::retrieve::Index, RemoveOnDrop, f64)> {
     let tmp = std::env::temp_dir().join(format!("docent-{tag}-{}", std::process::id()));
     let mut config = config.clone();
     let cleanup = match config.store.kind {
-        crate::config::StoreKind::Edge => RemoveOnDrop::Dir(tmp.clone()),
+        docent::config::StoreKind::Edge => RemoveOnDrop::Dir(tmp.clone()),
         // on a server: collections of the evaluation's own, dropped afterwards
-        crate::config::StoreKind::Qdrant => {
+        docent::config::StoreKind::Qdrant => {
             config.store.collection =
                 format!("{}_{tag}_{}", config.store.collection, std::process::id());
             match config.store.location(&tmp) {
@@ -442,7 +442,7 @@ pub fn run(
 /// over the whole index, and that plus `term_weight` × the question's term share in the
 /// chunks the prompt gets.
 fn refusal_signals(
-    index: &crate::query::retrieve::Index,
+    index: &docent::query::retrieve::Index,
     config: &Config,
     embedded: &docent_ingest::embed::Embedding,
     term_weight: f32,
@@ -468,7 +468,7 @@ fn refusal_signals(
         context.hits.iter().map(|h| h.payload.text.as_str()),
     );
     let signal =
-        crate::query::retrieve::relevance(Some(best), coverage, term_weight).unwrap_or(f32::MIN);
+        docent::query::retrieve::relevance(Some(best), coverage, term_weight).unwrap_or(f32::MIN);
     Ok((best, signal))
 }
 
@@ -501,7 +501,7 @@ pub const PROBE_TERM_WEIGHT: f32 = 0.5;
 /// terms in the chunk, characters]`, the document being the relevant source where a
 /// chunk has several.
 fn dump_record(
-    index: &crate::query::retrieve::Index,
+    index: &docent::query::retrieve::Index,
     embedded: &docent_ingest::embed::Embedding,
     q: &QueryLine,
     data: &Dataset,
@@ -550,7 +550,7 @@ fn score_hits(
     hits: Vec<docent_ingest::store::Hit>,
     relevant: &HashSet<String>,
     golds: Option<&Vec<String>>,
-    index: &crate::query::retrieve::Index,
+    index: &docent::query::retrieve::Index,
     config: &Config,
     ms: f64,
 ) -> anyhow::Result<()> {
@@ -817,13 +817,13 @@ mod tests {
             refused_anyway: false,
             refusal_reason: None,
             refusal_probability: question,
-            refusal_signals: Some(crate::query::generate::RefusalSignals {
+            refusal_signals: Some(docent::query::generate::RefusalSignals {
                 first_token,
                 question,
                 probe: None,
             }),
             contains_gold: answerable,
-            mode: crate::query::AnswerMode::Generative,
+            mode: docent::query::AnswerMode::Generative,
             degenerate: Vec::new(),
             first_text_ms: None,
             total_ms: 0.0,

@@ -1,6 +1,13 @@
 //! The `docent` command line: every subcommand and flag, as clap parses them. The binary
-//! (`src/main.rs`) runs them; the definitions live in the library so that tests can read
+//! (`src/main.rs`) runs them, handing the service's commands to the `docent` crate and the
+//! measuring ones to `docent-tools`; the definitions are a library so that tests can read
 //! them (the documentation check compares the docs with `Cli::command()`).
+
+// Every public item says what it is (as in the other library crates).
+#![warn(missing_docs)]
+// No function over 120 lines of code (clippy.toml); tests aside.
+#![warn(clippy::too_many_lines)]
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 use std::path::PathBuf;
 
@@ -32,7 +39,7 @@ pub enum KeysAction {
     New {
         /// `read` (query, search, list) or `write` (also upload and delete).
         #[arg(long)]
-        scope: crate::config::Scope,
+        scope: docent::config::Scope,
         /// A label for logs and metrics.
         #[arg(long, default_value = "default")]
         name: String,
@@ -206,7 +213,7 @@ pub struct TrainCitations {
     #[arg(long)]
     pub extract: bool,
     /// The marker probes' logistic regression C (inverse L2 penalty).
-    #[arg(long, default_value_t = crate::tools::train_refusal::DEFAULT_C)]
+    #[arg(long, default_value_t = docent_tools::train_refusal::DEFAULT_C)]
     pub c: f64,
     /// Print the report as JSON.
     #[arg(long)]
@@ -240,7 +247,7 @@ pub struct TrainRefusal {
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// The layer read (0: after the first decoder layer).
-    #[arg(long, default_value_t = crate::tools::train_refusal::DEFAULT_LAYER)]
+    #[arg(long, default_value_t = docent_tools::train_refusal::DEFAULT_LAYER)]
     pub layer: usize,
     /// How the probe is fitted: logistic (an L2-regularised logistic regression on
     /// standardised states), mean-difference (the difference of the class means), or
@@ -248,7 +255,7 @@ pub struct TrainRefusal {
     #[arg(long, default_value = "logistic")]
     pub method: String,
     /// The logistic regression's C (inverse L2 penalty).
-    #[arg(long, default_value_t = crate::tools::train_refusal::DEFAULT_C)]
+    #[arg(long, default_value_t = docent_tools::train_refusal::DEFAULT_C)]
     pub c: f64,
     /// What a training example's label says: corpus (our questions' retrieved examples
     /// labelled by whether the corpus answers the question, answer-removed variants left
@@ -455,7 +462,7 @@ pub struct BenchLoad {
         long,
         default_value = "search=55,extractive=20,generated=12,list=8,upload=5"
     )]
-    pub mix: crate::tools::bench::load::Mix,
+    pub mix: docent_tools::bench::load::Mix,
     /// Keep the answer cache on. Off by default: the load repeats a fixed list of
     /// questions, so with the cache on a generated answer is made once per question and
     /// every later one is a lookup, which measures the cache, not generation.

@@ -161,15 +161,15 @@ pub struct AnswerRecord {
     /// wrote the refusal phrase.
     pub refused_anyway: bool,
     /// Why the engine refused, when it did.
-    pub refusal_reason: Option<crate::query::RefusalReason>,
+    pub refusal_reason: Option<docent::query::RefusalReason>,
     /// The deciding signal's refusal probability (`generation.refusal`), when one was read.
     pub refusal_probability: Option<f32>,
     /// Every signal of the model's judgement read for this answer.
-    pub refusal_signals: Option<crate::query::generate::RefusalSignals>,
+    pub refusal_signals: Option<docent::query::generate::RefusalSignals>,
     /// The answer contains a gold answer (case-insensitive), whatever the threshold.
     pub contains_gold: bool,
     /// How the answer was made: generative, or extractive (asked for or as the fallback).
-    pub mode: crate::query::AnswerMode,
+    pub mode: docent::query::AnswerMode,
     /// What the answer path's guards found degenerate in the model's text, before the
     /// fallback; empty when nothing.
     pub degenerate: Vec<String>,
@@ -282,21 +282,21 @@ pub(super) fn both_signals(records: &[AnswerRecord], signal: Signal) -> Vec<Thre
 /// The answer to `request` through the streaming path, with the time to its first shown
 /// text and to its end.
 pub(crate) async fn timed_answer(
-    engine: &std::sync::Arc<crate::query::QueryEngine>,
-    request: crate::query::QueryRequest,
-) -> anyhow::Result<(crate::query::QueryResponse, Option<f64>, f64)> {
+    engine: &std::sync::Arc<docent::query::QueryEngine>,
+    request: docent::query::QueryRequest,
+) -> anyhow::Result<(docent::query::QueryResponse, Option<f64>, f64)> {
     let started = Instant::now();
     let mut events = engine.answer_stream(request).await?;
     let mut first = None;
     while let Some(event) = events.recv().await {
         match event {
-            crate::query::QueryEvent::Delta { .. } => {
+            docent::query::QueryEvent::Delta { .. } => {
                 first.get_or_insert_with(|| started.elapsed().as_secs_f64() * 1e3);
             }
-            crate::query::QueryEvent::Done(response) => {
+            docent::query::QueryEvent::Done(response) => {
                 return Ok((*response, first, started.elapsed().as_secs_f64() * 1e3))
             }
-            crate::query::QueryEvent::Error(e) => return Err(e.into()),
+            docent::query::QueryEvent::Error(e) => return Err(e.into()),
             _ => {}
         }
     }
@@ -438,11 +438,11 @@ pub fn degenerate_text(answer: &str) -> Option<&'static str> {
     if answer.trim().is_empty() {
         return Some("empty");
     }
-    if crate::query::postprocess::guard::periodic_tail(answer).is_some() {
+    if docent::query::postprocess::guard::periodic_tail(answer).is_some() {
         return Some("loop");
     }
     let mut seen = HashSet::new();
-    let mut units = crate::query::postprocess::guard::Units::default();
+    let mut units = docent::query::postprocess::guard::Units::default();
     let mut all = units.push(answer);
     all.extend(units.finish());
     for u in all {
@@ -500,11 +500,11 @@ pub fn contains_answer(text: &str, golds: &[String]) -> bool {
 
 /// The chunks the query path retrieves for `question` (configured retrieval), as hits.
 pub(super) async fn hits_of(
-    engine: &crate::query::QueryEngine,
+    engine: &docent::query::QueryEngine,
     question: &str,
 ) -> anyhow::Result<Vec<docent_ingest::store::Hit>> {
     let search = engine
-        .search(crate::query::SearchRequest {
+        .search(docent::query::SearchRequest {
             question: question.to_string(),
             retrieval: Default::default(),
         })
@@ -536,10 +536,10 @@ pub(super) async fn hits_of(
 /// token, before anything is shown), so the curve over every threshold comes from one run.
 /// Each answer is written to `dump` (JSON lines) when given.
 pub async fn answers(
-    engine: &std::sync::Arc<crate::query::QueryEngine>,
+    engine: &std::sync::Arc<docent::query::QueryEngine>,
     data: &Dataset,
     n: usize,
-    mode: crate::query::AnswerMode,
+    mode: docent::query::AnswerMode,
     threshold: f32,
     dump: Option<&Path>,
 ) -> anyhow::Result<AnswerReport> {
@@ -550,7 +550,7 @@ pub async fn answers(
         .take(n)
         .collect();
     let started = Instant::now();
-    let drafts_before = crate::query::generate::lookup::draft_counts();
+    let drafts_before = docent::query::generate::lookup::draft_counts();
     let mut tally = Tally::new();
     let mut records = Vec::with_capacity(queries.len());
     for q in &queries {
@@ -600,17 +600,17 @@ pub async fn answers(
 /// One question through the answer path (greedy, [`ANSWER_TOKENS`] at most), timed, as its
 /// record.
 pub(super) async fn answer_one(
-    engine: &std::sync::Arc<crate::query::QueryEngine>,
+    engine: &std::sync::Arc<docent::query::QueryEngine>,
     q: &QueryLine,
-    mode: crate::query::AnswerMode,
+    mode: docent::query::AnswerMode,
     answerable: bool,
     golds: &[String],
-) -> anyhow::Result<(crate::query::QueryResponse, AnswerRecord)> {
+) -> anyhow::Result<(docent::query::QueryResponse, AnswerRecord)> {
     let (response, first_text_ms, total_ms) = timed_answer(
         engine,
-        crate::query::QueryRequest {
+        docent::query::QueryRequest {
             question: q.text.clone(),
-            generation: crate::query::GenerationOptions {
+            generation: docent::query::GenerationOptions {
                 max_tokens: Some(ANSWER_TOKENS),
                 temperature: Some(0.0),
                 ..Default::default()
@@ -690,7 +690,7 @@ impl Tally {
     fn count(
         &mut self,
         kind: &str,
-        response: &crate::query::QueryResponse,
+        response: &docent::query::QueryResponse,
         shown: bool,
         answerable: bool,
         golds: &[String],
@@ -701,7 +701,7 @@ impl Tally {
         if shown {
             self.answered += 1;
             let before = !response.degenerate.is_empty();
-            let is_extractive = response.mode == crate::query::AnswerMode::Extractive;
+            let is_extractive = response.mode == docent::query::AnswerMode::Extractive;
             self.degenerate_before += usize::from(before);
             self.degenerate_after += usize::from(degenerate_text(&response.answer).is_some());
             self.extractive += usize::from(is_extractive);
@@ -735,12 +735,12 @@ impl Tally {
     /// that holds a gold answer.
     async fn citations(
         &mut self,
-        engine: &crate::query::QueryEngine,
-        response: &crate::query::QueryResponse,
+        engine: &docent::query::QueryEngine,
+        response: &docent::query::QueryResponse,
         shown: bool,
         golds: &[String],
     ) -> anyhow::Result<()> {
-        let shown: &[crate::query::postprocess::Citation] =
+        let shown: &[docent::query::postprocess::Citation] =
             if shown { &response.citations } else { &[] };
         let mut any_good = false;
         for c in shown {
@@ -762,28 +762,28 @@ impl Tally {
     /// setting of [`ATTRIBUTION_SWEEP`].
     async fn sweep(
         &mut self,
-        engine: &crate::query::QueryEngine,
-        response: &crate::query::QueryResponse,
+        engine: &docent::query::QueryEngine,
+        response: &docent::query::QueryResponse,
         hits: &[docent_ingest::store::Hit],
         golds: &[String],
     ) -> anyhow::Result<()> {
         let texts: Vec<String> = hits.iter().map(|h| h.payload.text.clone()).collect();
         let good_block = |n: usize| texts.get(n - 1).is_some_and(|t| contains_answer(t, golds));
-        let tally = |cits: &[crate::query::postprocess::Citation]| {
+        let tally = |cits: &[docent::query::postprocess::Citation]| {
             (cits.len(), cits.iter().filter(|c| good_block(c.n)).count())
         };
-        let (answer, model) = crate::query::postprocess::cite(&response.answer, hits);
+        let (answer, model) = docent::query::postprocess::cite(&response.answer, hits);
         self.per_setting[0].push(tally(&model));
-        let claims = crate::query::postprocess::claims(&answer);
+        let claims = docent::query::postprocess::claims(&answer);
         let support = engine.support(&claims, &texts).await?;
         for (i, &(add_at, drop_below)) in ATTRIBUTION_SWEEP.iter().enumerate() {
-            let a = crate::query::postprocess::Attribution {
+            let a = docent::query::postprocess::Attribution {
                 add_at,
                 drop_below,
                 unsupported_below: 0.0,
             };
             let (_, cits) =
-                crate::query::postprocess::attribute(&answer, &claims, &support, hits, a);
+                docent::query::postprocess::attribute(&answer, &claims, &support, hits, a);
             self.per_setting[i + 1].push(tally(&cits));
         }
         Ok(())
@@ -857,7 +857,7 @@ pub(super) fn generation_speed(
     records: &[AnswerRecord],
     before: (u64, u64, u64),
 ) -> GenerationSpeed {
-    let drafts = crate::query::generate::lookup::draft_counts();
+    let drafts = docent::query::generate::lookup::draft_counts();
     let (tokens, seconds) = records
         .iter()
         .filter(|r| r.completion_tokens > 0)

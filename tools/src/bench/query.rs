@@ -31,8 +31,8 @@ use serde::{Deserialize, Serialize};
 
 use super::http::Connection;
 use super::Peer;
-use crate::config::{Config, StoreConfig, StoreKind};
-use crate::server::startup;
+use docent::config::{Config, StoreConfig, StoreKind};
+use docent::server::startup;
 
 /// What to measure.
 pub struct Options {
@@ -242,7 +242,7 @@ pub fn run(config: &Config, opts: &Options) -> anyhow::Result<QueryBench> {
 }
 
 fn read_queries(path: &Path) -> anyhow::Result<Vec<String>> {
-    let questions = crate::tools::eval::questions(path)?;
+    let questions = crate::eval::questions(path)?;
     anyhow::ensure!(
         !questions.is_empty(),
         "{} holds no questions",
@@ -582,8 +582,8 @@ fn measure(
         requests: lat.len(),
         seconds,
         per_s: lat.len() as f64 / seconds,
-        p50: crate::tools::eval::percentile(&lat, 50.0),
-        p99: crate::tools::eval::percentile(&lat, 99.0),
+        p50: crate::eval::percentile(&lat, 50.0),
+        p99: crate::eval::percentile(&lat, 99.0),
         mean: lat.iter().sum::<f64>() / lat.len() as f64,
     })
 }

@@ -12,8 +12,8 @@ use docent_ingest::pipeline::Silent;
 use serde::Serialize;
 
 use super::{Peer, RemoveOnDrop};
-use crate::config::Config;
-use crate::server::startup;
+use docent::config::Config;
+use docent::server::startup;
 
 /// One row of the table.
 #[derive(Debug, Clone, Serialize)]

@@ -19,7 +19,7 @@ use anyhow::Context;
 
 use super::http::Connection;
 use super::query::{free_addr, spawn, wait_ready, Server};
-use crate::config::{ApiKey, Config, Scope};
+use docent::config::{ApiKey, Config, Scope};
 
 /// What to run.
 pub struct Options {
@@ -589,7 +589,7 @@ pub fn run(config: &Config, opts: &Options) -> anyhow::Result<bool> {
     config.auth.keys = vec![ApiKey {
         name: "bench".into(),
         scope: Scope::Write,
-        hash: crate::config::hash_key(KEY),
+        hash: docent::config::hash_key(KEY),
     }];
     config.auth.rate_per_minute = 0;
     if !opts.answer_cache {

@@ -24,7 +24,7 @@ pub struct Peer {
     pub script: PathBuf,
 }
 
-pub(crate) use crate::tools::eval::RemoveOnDrop;
+pub(crate) use crate::eval::RemoveOnDrop;
 
 /// Runs `client(i)` for each of `clients` on threads of its own, all at once; their
 /// results in client order, or the first error (a panicking client is an error too).

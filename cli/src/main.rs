@@ -1,4 +1,4 @@
-//! The `docent` command: runs the subcommands defined in `docent::cli` (`serve`, `ingest`,
+//! The `docent` command: runs the subcommands defined in `docent_cli` (`serve`, `ingest`,
 //! `ask`, `eval`, `bench`, …).
 
 // No function over 120 lines of code (clippy.toml); tests aside.
@@ -10,10 +10,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use docent::cli::{self, Bench, BenchArgs, Cli, Command, KeysAction};
 use docent::config::Config;
 use docent::query::{QueryRequest, RetrievalOptions};
 use docent::server::{startup, telemetry};
+use docent_cli::{self as cli, Bench, BenchArgs, Cli, Command, KeysAction};
 use docent_ingest::pipeline::{Outcome, Progress};
 use docent_ingest::store::SearchMode;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -43,7 +43,7 @@ fn main() -> ExitCode {
         let configured = Config::load(cli.config.as_deref())
             .map(|c| c.generation.model)
             .ok();
-        return match docent::tools::models::list(configured.as_deref(), *json) {
+        return match docent_tools::models::list(configured.as_deref(), *json) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e:#}");
@@ -102,13 +102,13 @@ async fn run(cli: Cli, mut config: Config) -> anyhow::Result<ExitCode> {
         Command::TrainRefusal(a) => train_refusal(&config, a).await,
         Command::TrainCitations(a) => train_citations(&config, a).await,
         Command::EvalPii { dataset, json } => {
-            print_report(&docent::tools::eval::safety::run(&dataset)?, json)
+            print_report(&docent_tools::eval::safety::run(&dataset)?, json)
         }
         Command::Eval(a) => eval(config, a).await,
         Command::Bench(Bench::Ingest { corpus, common }) => {
             let (peer, json) = bench_setup(common, &mut config, "scripts/bench_ingest_peer.py")?;
             let result = tokio::task::spawn_blocking(move || {
-                docent::tools::bench::ingest(&config, &corpus, peer.as_ref())
+                docent_tools::bench::ingest(&config, &corpus, peer.as_ref())
             })
             .await??;
             print_report(&result, json)
@@ -221,7 +221,7 @@ async fn ask(
 async fn eval_injection(config: Config, a: cli::EvalInjection) -> anyhow::Result<ExitCode> {
     if a.model_check.is_some() || a.model_check_foreign {
         let generator = docent::query::generate::Generator::load(&config.generation).await?;
-        let report = docent::tools::eval::safety::second_stage(
+        let report = docent_tools::eval::safety::second_stage(
             &a.dataset,
             &a.heldout,
             &generator,
@@ -242,7 +242,7 @@ async fn eval_injection(config: Config, a: cli::EvalInjection) -> anyhow::Result
     } else {
         Some(startup::embedder(&config)?)
     };
-    let report = docent::tools::eval::safety::injection(
+    let report = docent_tools::eval::safety::injection(
         &a.dataset,
         &a.heldout,
         a.model.as_deref(),
@@ -258,7 +258,7 @@ async fn eval_injection_e2e(
     path: &std::path::Path,
     a: &cli::EvalInjection,
 ) -> anyhow::Result<ExitCode> {
-    use docent::tools::eval::injection_e2e as e2e;
+    use docent_tools::eval::injection_e2e as e2e;
     let defences = a
         .defences
         .iter()
@@ -293,7 +293,7 @@ async fn eval_injection_e2e(
 /// embedding head's verdict as the service reads a question.
 fn score_injection_texts(config: &Config, a: &cli::EvalInjection) -> anyhow::Result<ExitCode> {
     let m = match &a.model {
-        Some(p) => docent::tools::eval::safety::load_model(p)?,
+        Some(p) => docent_tools::eval::safety::load_model(p)?,
         None => docent::query::safety::classifier::BUILTIN.clone(),
     };
     let vectors = if a.no_embedding_head {
@@ -338,7 +338,7 @@ fn train_injection(a: cli::TrainInjection) -> anyhow::Result<ExitCode> {
     for name in &a.with_signals {
         signals |= parse("with-signals", name)?.bit();
     }
-    let settings = docent::tools::train_injection::Settings {
+    let settings = docent_tools::train_injection::Settings {
         epochs: a.epochs,
         learning_rate: a.learning_rate,
         l2: a.l2,
@@ -346,13 +346,13 @@ fn train_injection(a: cli::TrainInjection) -> anyhow::Result<ExitCode> {
         balance_categories: a.balance_categories,
         signals,
     };
-    let report = docent::tools::train_injection::run(&a.data, &a.out, settings)?;
+    let report = docent_tools::train_injection::run(&a.data, &a.out, settings)?;
     print_report(&report, a.json)
 }
 
 /// `docent train-citations`: the flags as the tool's settings, then the run.
 async fn train_citations(config: &Config, a: cli::TrainCitations) -> anyhow::Result<ExitCode> {
-    let settings = docent::tools::train_citations::Settings {
+    let settings = docent_tools::train_citations::Settings {
         questions: a.questions,
         encyclo: (!a.encyclo.as_os_str().is_empty()).then_some(a.encyclo),
         examples: a.examples,
@@ -360,7 +360,7 @@ async fn train_citations(config: &Config, a: cli::TrainCitations) -> anyhow::Res
         extract: a.extract,
         c: a.c,
     };
-    let report = docent::tools::train_citations::run(config, &settings).await?;
+    let report = docent_tools::train_citations::run(config, &settings).await?;
     print_report(&report, a.json)
 }
 
@@ -389,11 +389,11 @@ async fn eval(mut config: Config, a: cli::Eval) -> anyhow::Result<ExitCode> {
                 .ok_or_else(|| anyhow::anyhow!("unknown mode {m:?}: use dense, sparse or hybrid"))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let data = Arc::new(docent::tools::eval::Dataset::load(&a.dataset)?);
+    let data = Arc::new(docent_tools::eval::Dataset::load(&a.dataset)?);
     let d = data.clone();
     let (limit, dump) = (a.limit, a.dump);
     let evaluated = tokio::task::spawn_blocking(move || {
-        docent::tools::eval::run(&config, &d, &modes, limit, dump.as_deref())
+        docent_tools::eval::run(&config, &d, &modes, limit, dump.as_deref())
     })
     .await??;
     let mut report = evaluated.report;
@@ -416,7 +416,7 @@ async fn eval(mut config: Config, a: cli::Eval) -> anyhow::Result<ExitCode> {
             threshold = probe_threshold.unwrap_or(probe.file.threshold);
         }
         report.answers = Some(
-            docent::tools::eval::answers(
+            docent_tools::eval::answers(
                 &engine,
                 &data,
                 n,
@@ -433,17 +433,17 @@ async fn eval(mut config: Config, a: cli::Eval) -> anyhow::Result<ExitCode> {
 /// `docent bench prefill`: first shown text with passage reuse beside full prefill (and
 /// llama-server when given).
 async fn bench_prefill(config: &Config, a: cli::BenchPrefill) -> anyhow::Result<ExitCode> {
-    let opts = docent::tools::bench::prefill::Options {
+    let opts = docent_tools::bench::prefill::Options {
         limit: a.limit,
         models: a.models,
         answer_tokens: a.tokens.max(1),
         llama_server: a.llama_server,
     };
-    let report = docent::tools::bench::prefill::run(config, &a.dataset, &opts).await?;
+    let report = docent_tools::bench::prefill::run(config, &a.dataset, &opts).await?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        docent::tools::bench::prefill::print(&report);
+        docent_tools::bench::prefill::print(&report);
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -459,9 +459,9 @@ fn bench_load(config: &Config, a: cli::BenchLoad) -> anyhow::Result<ExitCode> {
         a.no_kill || (a.kill_after > 0.0 && a.kill_after < a.seconds),
         "--kill-after must be within --seconds (or pass --no-kill)"
     );
-    let ok = docent::tools::bench::load::run(
+    let ok = docent_tools::bench::load::run(
         config,
-        &docent::tools::bench::load::Options {
+        &docent_tools::bench::load::Options {
             docent: std::env::current_exe()?,
             corpus: a.corpus,
             clients: a.clients,
@@ -491,7 +491,7 @@ async fn bench_query(mut config: Config, a: cli::BenchQuery) -> anyhow::Result<E
     } else {
         a.corpus
     };
-    let opts = docent::tools::bench::query::Options {
+    let opts = docent_tools::bench::query::Options {
         docent: std::env::current_exe()?,
         corpus,
         sizes: a.sizes,
@@ -505,7 +505,7 @@ async fn bench_query(mut config: Config, a: cli::BenchQuery) -> anyhow::Result<E
         compare: 50,
     };
     let result =
-        tokio::task::spawn_blocking(move || docent::tools::bench::query::run(&config, &opts))
+        tokio::task::spawn_blocking(move || docent_tools::bench::query::run(&config, &opts))
             .await??;
     print_report(&result, json)
 }
@@ -544,7 +544,7 @@ async fn bench_generate(a: cli::BenchGenerate) -> anyhow::Result<ExitCode> {
         "scripts/bench_generate_peer.py",
         "scripts/bench-generate-venv.sh (or `make bench-generate`)",
     )?;
-    let opts = docent::tools::bench::generate::Options {
+    let opts = docent_tools::bench::generate::Options {
         models,
         device: a.device,
         dtype: a.dtype,
@@ -569,7 +569,7 @@ async fn bench_generate(a: cli::BenchGenerate) -> anyhow::Result<ExitCode> {
         repack: !a.no_repack,
         llama_server: a.llama_server,
     };
-    let result = docent::tools::bench::generate::run(&opts).await?;
+    let result = docent_tools::bench::generate::run(&opts).await?;
     print_report(&result, a.json)
 }
 
@@ -579,7 +579,7 @@ fn bench_setup(
     args: BenchArgs,
     config: &mut Config,
     script: &str,
-) -> anyhow::Result<(Option<docent::tools::bench::Peer>, bool)> {
+) -> anyhow::Result<(Option<docent_tools::bench::Peer>, bool)> {
     if let Some(d) = args.model_dir {
         config.embedding.model_dir = d;
     }
@@ -599,7 +599,7 @@ fn python_peer(
     python: PathBuf,
     script: &str,
     setup: &str,
-) -> anyhow::Result<Option<docent::tools::bench::Peer>> {
+) -> anyhow::Result<Option<docent_tools::bench::Peer>> {
     if no_peer {
         return Ok(None);
     }
@@ -608,7 +608,7 @@ fn python_peer(
         "{} not found: run {setup}, or pass --no-peer",
         python.display()
     );
-    Ok(Some(docent::tools::bench::Peer {
+    Ok(Some(docent_tools::bench::Peer {
         python,
         script: script.into(),
     }))
@@ -817,7 +817,7 @@ impl Progress for Bar {
 
 /// `docent train-refusal`: the flags as the tool's settings, then the run.
 async fn train_refusal(config: &Config, a: cli::TrainRefusal) -> anyhow::Result<ExitCode> {
-    use docent::tools::train_refusal::{Calibration, Labels, Method, Settings};
+    use docent_tools::train_refusal::{Calibration, Labels, Method, Settings};
     let model = config.generation.model.display().to_string();
     let stem = model.rsplit('/').next().unwrap_or(&model).to_string();
     let corpora = a
@@ -866,7 +866,7 @@ async fn train_refusal(config: &Config, a: cli::TrainRefusal) -> anyhow::Result<
             questions: a.calibration,
         }),
     };
-    let report = docent::tools::train_refusal::run(config, &settings).await?;
+    let report = docent_tools::train_refusal::run(config, &settings).await?;
     print_report(&report, a.json)
 }
 

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::query::generate::catalog::{self, KnownModel};
+use docent::query::generate::catalog::{self, KnownModel};
 
 /// One catalog model as `docent models` lists it (a table row, or one object of the JSON).
 #[derive(Debug, Serialize)]

@@ -1,12 +1,12 @@
 //! `docent train-injection`: trains the prompt-injection classifier
-//! ([`crate::query::safety::classifier`]) on the data set that
+//! ([`docent::query::safety::classifier`]) on the data set that
 //! `training/injection/make_dataset.py` writes, and picks its threshold on the `dev` split.
 //!
 //! Logistic regression on the hashed n-grams, AdaGrad, classes weighted to the same total,
 //! a fixed seed: the same data gives the same file. Benign texts are also learnt sentence
 //! by sentence, since the detector flags a text when any of its pieces scores high.
 
-use crate::query::safety::classifier::{
+use docent::query::safety::classifier::{
     decoded_texts, fold, unit_vectors, Model, BUCKETS, ENCODED_FEATURE,
 };
 use serde::{Deserialize, Serialize};
@@ -45,7 +45,7 @@ pub struct Settings {
     /// 81.3 %) for fewer false positives on the multilingual hard negatives (2.5 % against
     /// 7.5 %), and the goal is detection at a bounded rate on ordinary texts.
     pub balance_categories: bool,
-    /// The signal groups to learn from ([`crate::query::safety::signals::Signal::bit`]).
+    /// The signal groups to learn from ([`docent::query::safety::signals::Signal::bit`]).
     pub signals: u32,
 }
 
@@ -60,7 +60,7 @@ impl Default for Settings {
             l2: 3e-4,
             max_false_positives: 0.005,
             balance_categories: false,
-            signals: crate::query::safety::signals::SHIPPED_SIGNALS,
+            signals: docent::query::safety::signals::SHIPPED_SIGNALS,
         }
     }
 }
@@ -288,7 +288,7 @@ pub fn rates(m: &Model, rows: &[Row], split: &str) -> Vec<CategoryRate> {
 
 /// Trains on `data`, writes the model to `out`.
 pub fn run(data: &Path, out: &Path, s: Settings) -> anyhow::Result<TrainReport> {
-    let rows: Vec<Row> = crate::tools::eval::jsonl(data)?;
+    let rows: Vec<Row> = crate::eval::jsonl(data)?;
     if !rows.iter().any(|r| r.split == "train" && r.label == 1) {
         anyhow::bail!(
             "{}: no training injections (rows with split \"train\" and label 1)",

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{DraftConfig, GenerationConfig};
-use crate::query::generate::{GenerateError, Generator, Params, Schedule, StreamEvent};
-use crate::tools::bench::{Peer, RemoveOnDrop};
+use crate::bench::{Peer, RemoveOnDrop};
+use docent::config::{DraftConfig, GenerationConfig};
+use docent::query::generate::{GenerateError, Generator, Params, Schedule, StreamEvent};
 
 /// What to measure.
 pub struct Options {
@@ -316,12 +316,12 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// The 99th percentile by nearest rank ([`crate::tools::eval::percentile`]): with 32
+/// The 99th percentile by nearest rank ([`crate::eval::percentile`]): with 32
 /// requests, the slowest one.
 fn p99(latencies: &[f64]) -> f64 {
     let mut sorted = latencies.to_vec();
     sorted.sort_by(f64::total_cmp);
-    crate::tools::eval::percentile(&sorted, 99.0)
+    crate::eval::percentile(&sorted, 99.0)
 }
 
 fn name(p: &Path) -> String {
@@ -344,7 +344,7 @@ fn config(model: &Path, opts: &Options) -> GenerationConfig {
         prefix_cache: false,
         prefill_chunk_tokens: opts.prefill_chunk,
         repack: opts.repack,
-        ..crate::config::Config::default().generation
+        ..docent::config::Config::default().generation
     }
 }
 
@@ -446,7 +446,7 @@ fn run_peer(
 /// the F16 KV cache, concurrency and stalls, memory.
 pub async fn run(opts: &Options) -> anyhow::Result<GenerateBench> {
     // the instruction-set cap first: the report names the level, which is fixed on first use
-    crate::query::generate::cpu_kernels::install(opts.kernels == "docent", &opts.isa, opts.repack);
+    docent::query::generate::cpu_kernels::install(opts.kernels == "docent", &opts.isa, opts.repack);
     let text = std::fs::read_to_string(&opts.text)
         .map_err(|e| anyhow::anyhow!("reading {}: {e}", opts.text.display()))?;
     let scratch =
@@ -606,9 +606,9 @@ async fn speculative(
         gamma,
     });
     let spec = Generator::load(&c).await?;
-    let before = crate::query::generate::lookup::draft_counts();
+    let before = docent::query::generate::lookup::draft_counts();
     let (spec_speed, spec_out) = measure(&spec, &prompt, opts.new_tokens, opts.repeat).await?;
-    let after = crate::query::generate::lookup::draft_counts();
+    let after = docent::query::generate::lookup::draft_counts();
     // the same server, requests that leave the draft model out (`draft_model: false`),
     // with prompt-lookup drafts when asked for
     let per_request = Params {
@@ -642,9 +642,9 @@ async fn speculative(
             let mut c = config(model, opts);
             c.lookup_tokens = opts.lookup;
             let drafted = Generator::load(&c).await?;
-            let before = crate::query::generate::lookup::draft_counts();
+            let before = docent::query::generate::lookup::draft_counts();
             let (speed, out) = measure(&drafted, &prompt, opts.new_tokens, opts.repeat).await?;
-            let after = crate::query::generate::lookup::draft_counts();
+            let after = docent::query::generate::lookup::draft_counts();
             report.lookup.push(LookupRow {
                 model: name(model),
                 draft_tokens: opts.lookup,
@@ -840,7 +840,9 @@ async fn memory(
     model: &std::path::Path,
     report: &mut GenerateBench,
 ) -> anyhow::Result<()> {
-    let bounded = crate::config::Config::default().generation.prefix_cache_mib;
+    let bounded = docent::config::Config::default()
+        .generation
+        .prefix_cache_mib;
     // off; docent's bounded cache; mistral.rs's unbounded one (the control only needs to
     // show the growth)
     for (prefix_cache, limit_mib) in [(false, 0), (true, bounded), (true, 0)] {
