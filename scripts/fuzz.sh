@@ -2,6 +2,7 @@
 # Builds the fuzz targets and runs each for FUZZ_SECONDS (default 600), FUZZ_JOBS at a
 # time (default: the number of cores). Seeds empty corpora from shared/data; prints one
 # line per target: executions, rate, corpus size, crashes. Exits 1 if any target crashed.
+# `scripts/fuzz.sh --pack` writes fuzz/corpus/ back into fuzz/corpus.tar.xz.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${SHARED:-$(cd .. && pwd)/shared}
@@ -10,6 +11,18 @@ JOBS=${FUZZ_JOBS:-$(nproc)}
 TARGETS=${FUZZ_TARGETS:-"load_pdf load_docx load_markup split citations stop_stream safety"}
 export FUZZ_TARGET_DIR=${FUZZ_TARGET_DIR:-$HOME/.cache/docent-fuzz-target}
 export RUSTC_BOOTSTRAP=1
+# The corpora travel as one archive (fuzz/corpus.tar.xz: 37 MB of files, under 1 MB packed,
+# so a clone, and the working tree a GPU machine receives, stays small): unpacked into
+# fuzz/corpus/ (ignored by git) when that is missing; `--pack` writes the archive back after
+# a run and `cargo fuzz cmin`.
+pack() {
+    tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C fuzz -cf - corpus |
+        xz -6 -T1 > fuzz/corpus.tar.xz.tmp
+    mv fuzz/corpus.tar.xz.tmp fuzz/corpus.tar.xz
+    echo "fuzz/corpus.tar.xz: $(find fuzz/corpus -type f | wc -l) files, $(stat -c %s fuzz/corpus.tar.xz) bytes"
+}
+if [ "${1:-}" = "--pack" ]; then pack; exit 0; fi
+[ -d fuzz/corpus ] || tar -C fuzz -xJf fuzz/corpus.tar.xz
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 P="$SHARED/data/parsers/unstructured"
 
