@@ -27,6 +27,7 @@ test: setup
 	@bash scripts/openai-venv.sh
 	@bash scripts/web-test-deps.sh
 	python3 scripts/test_fetch_model.py
+	python3 scripts/gpu_carry.py self-test
 	python3 scripts/check-module-cycles.py --self-test
 	python3 scripts/check-module-cycles.py
 	$(CARGO) fmt --all -- --check

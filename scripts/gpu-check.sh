@@ -50,6 +50,16 @@ case "${1:-}" in
 esac
 
 payload="${GPU_CHECK_PAYLOAD:-$here/.gpu-check}"
+# Carried in parts (scripts/gpu_carry.py, when the payload and the tree exceed one call's
+# 64 MiB): the payload as .gpu-check.tar and any real GGUF files, put together in
+# .gpu-stage/files/ over earlier calls.
+staged="$here/.gpu-stage/files"
+if [[ $mode == run && ! -d "$payload" && -f "$staged/.gpu-check.tar" ]]; then
+    mkdir -p "$payload" && tar -xf "$staged/.gpu-check.tar" -C "$payload" || exit 1
+fi
+if [[ -z "${GPU_CHECK_MODELS:-}" ]] && ls "$staged"/qwen2.5-coder-*.gguf >/dev/null 2>&1; then
+    export GPU_CHECK_MODELS="$staged"
+fi
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/docent-target}"
 say() { echo "gpu-check: $*" >&2; }
 die() {
@@ -148,6 +158,9 @@ prepare() {
     rm -rf "$payload"
     mv "$out" "$payload"
     say "ready: $payload ($(du -sh "$payload" | cut -f1)); carry it: run(carry=[\".gpu-check\"])"
+    # the payload as one file too, for scripts/gpu_carry.py when tree + payload exceed a call
+    tar -cf "$here/.gpu-check.tar" -C "$payload" .
+    say "or in parts: python3 scripts/gpu_carry.py plan .gpu-check.tar (docs/gpu.md, \"Carrying\")"
     du -ab "$payload" | sort -n | tail -8 >&2
 }
 
@@ -257,8 +270,13 @@ models_step() {
     mkdir -p "$work/models/minilm"
     local q
     for q in qwen2.5-coder-0.5b qwen2.5-coder-1.5b; do
-        if [[ -n "${GPU_CHECK_MODELS:-}" ]]; then
-            ln -sf "$(ls "$GPU_CHECK_MODELS"/$q*.gguf | head -1)" "$work/models/$q.gguf" || return 1
+        # a real file when one was carried (each model on its own: the 0.5B alone fits the
+        # carrying budget of one session), else a synthetic one from the layout
+        local real
+        real=$(ls "${GPU_CHECK_MODELS:-/nonexistent}"/$q*.gguf 2>/dev/null | head -1)
+        if [[ -n "$real" ]]; then
+            ln -sf "$real" "$work/models/$q.gguf" || return 1
+            echo "$q: the real file $real"
             continue
         fi
         unxz_to "$payload/$q.layout.xz" "$work/models/$q.layout" || return 1
