@@ -33,6 +33,8 @@
 #   peer      the llama.cpp peer installed (or built from the sdist)
 #   generate  `docent bench generate` on the GPU, 0.5B and 1.5B, 600-token prompts, llama.cpp
 #             beside it on the same files; speculative 1.5B + 0.5B draft against plain
+#   dtypes    the same two models, plain decode, with f32, f16 and bf16 activations (issue 58
+#             step 1: which dtype the GPU should run)
 #   load      `docent bench load`: 64 clients of generated answers for 60 s against the
 #             real server on the GPU; errors other than 429/503 counted
 set -uo pipefail
@@ -345,6 +347,21 @@ generate_step() {
         --no-load --clients 0 --memory 0 "${peer[@]}" --json >"$OUT/bench-generate.json"
 }
 
+dtypes_step() { # issue 58 step 1: the activation dtype on the device, plain decode, no peer
+    local m="$work/models" d
+    : >"$OUT/bench-dtypes.jsonl"
+    for d in f32 f16 bf16; do
+        RUST_LOG=warn "$docent" bench generate --device "$device" --dtype "$d" \
+            --model "$m/qwen2.5-coder-0.5b.gguf" --model "$m/qwen2.5-coder-1.5b.gguf" \
+            --prompt-tokens "$prompt_tokens" --new-tokens "$new_tokens" --repeat "$repeat" \
+            --text "$payload/text.md" --no-speculative --no-load --clients 0 --memory 0 \
+            --no-peer --json >"$work/dtype.json" || return 1
+        "$py" -c 'import json, sys; g = json.load(open(sys.argv[1])); g["dtype"] = sys.argv[2]; print(json.dumps(g))' \
+            "$work/dtype.json" "$d" >>"$OUT/bench-dtypes.jsonl" || return 1
+        echo "$d: done"
+    done
+}
+
 load_step() {
     local ort
     ort=${ORT_LIBRARY:-$("$py" -c 'import onnxruntime, glob, os; print(sorted(glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so*")))[0])' 2>/dev/null)}
@@ -378,10 +395,11 @@ fi
 cd "$here" || exit 1
 export here work payload mode device dtype new_tokens repeat load_seconds load_clients \
     prompt_tokens docent integration peer_python py OUT
-export -f say unxz_to env_step models_step tests_step peer_step generate_step load_step
+export -f say unxz_to env_step models_step tests_step peer_step generate_step dtypes_step \
+    load_step
 
 # GPU_CHECK_STEPS picks steps (default: all), e.g. a short first look without the peer
-wanted=" ${GPU_CHECK_STEPS:-env models tests peer generate load} "
+wanted=" ${GPU_CHECK_STEPS:-env models tests peer generate dtypes load} "
 want() { [[ "$wanted" == *" $1 "* ]]; }
 want env && step env 60 env_step
 [[ -f "$work/ld.sh" ]] && . "$work/ld.sh"
@@ -395,6 +413,7 @@ else
     step peer 420 peer_step || peer_python=""
 fi
 want generate && step generate 420 generate_step
+want dtypes && step dtypes 240 dtypes_step
 want load && step load $((load_seconds + 150)) load_step
 
 python3 - "$OUT" "$mode" <<'EOF'
@@ -415,6 +434,16 @@ try:
     summary["speculative"] = g.get("speculative")
 except (OSError, ValueError, KeyError) as e:
     summary["generate_error"] = str(e)
+try:  # per dtype: prefill and decode tok/s of each model
+    summary["dtypes"] = [
+        {"dtype": g["dtype"],
+         "models": [{"model": r["model"],
+                     "prefill_tok_s": [d["prefill_tok_s"] for d in r["docent"]],
+                     "decode_tok_s": [d["decode_tok_s"] for d in r["docent"]]}
+                    for r in g.get("models", [])]}
+        for g in map(json.loads, open(os.path.join(out, "bench-dtypes.jsonl")))]
+except (OSError, ValueError, KeyError) as e:
+    summary["dtypes_error"] = str(e)
 json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)
 print(f"gpu-check ({mode}): device {summary.get('device')}")
 for s in steps:
