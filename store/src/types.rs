@@ -269,18 +269,27 @@ impl Fusion {
     ///   deviations (a single score becomes 0.5), times the list's weight, summed per point;
     /// - RRF: each point gets `1 / ((position + 1) / weight + k − 1)` per list, summed.
     ///
-    /// Ties keep no particular order (as in the engine).
+    /// Each list is first put in [`rank_order`] (equal scores by point id): the order in
+    /// which an engine returns tied candidates is its own, differs between engines and
+    /// can differ between two searches of one engine, and RRF reads positions. So the
+    /// fused ranking depends on the scores alone; the result is in [`rank_order`] too.
     pub fn fuse(&self, dense: &[(u64, f32)], sparse: &[(u64, f32)]) -> Vec<(u64, f32)> {
+        let canonical = |list: &[(u64, f32)]| {
+            let mut list = list.to_vec();
+            rank_order(&mut list);
+            list
+        };
+        let (dense, sparse) = (canonical(dense), canonical(sparse));
         let mut fused: Vec<(u64, f32)> = Vec::with_capacity(dense.len() + sparse.len());
         let mut add = |id: u64, score: f32| match fused.iter_mut().find(|p| p.0 == id) {
             Some(p) => p.1 += score,
             None => fused.push((id, score)),
         };
-        for (list, weight) in [(dense, self.dense_weight), (sparse, self.sparse_weight)] {
+        for (list, weight) in [(&dense, self.dense_weight), (&sparse, self.sparse_weight)] {
             match self.method {
                 FusionMethod::Dbsf => {
                     let (lo, hi) = dbsf_range(list);
-                    for &(id, score) in list {
+                    for &(id, score) in list.iter() {
                         let norm = if lo == hi {
                             0.5
                         } else {

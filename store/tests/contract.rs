@@ -1005,7 +1005,10 @@ async fn mmr_gives_way_to_other_content_and_scores_come_without_payloads(b: &dyn
 }
 
 /// The fusion computed from the two candidate lists equals the engine's own fused
-/// search: same chunks, same order, same scores.
+/// search: same chunks, same order, same scores. The points' scores do not tie (a small
+/// term unique to each point): with ties, RRF reads positions that the engine orders its
+/// own way, which may differ from one search to the next (it did once under CI's load);
+/// docent's fusion orders ties by id (`rank_order`), tested below.
 async fn fusing_the_candidate_lists_gives_the_engines_hybrid_ranking(b: &dyn Backend) {
     let s = store(b).await;
     let mut points = Vec::new();
@@ -1018,7 +1021,11 @@ async fn fusing_the_candidate_lists_gives_the_engines_hybrid_ranking(b: &dyn Bac
         ]);
         e.sparse = SparseVector {
             indices: vec![i % 7, 10 + i % 3, 20 + i % 11],
-            values: vec![1.0 + (i % 4) as f32, 1.0, 0.5 + (i % 5) as f32],
+            values: vec![
+                1.0 + (i % 4) as f32 + 0.0131 * x,
+                1.0 + 0.0071 * x,
+                0.5 + (i % 5) as f32 + 0.0037 * x,
+            ],
         };
         points.push((payload(&format!("d{i}"), 0, &format!("/d{i}")), e));
     }
@@ -1182,6 +1189,41 @@ fn point_ids_are_stable_and_distinct() {
     assert_eq!(point_id("a", 0), point_id("a", 0));
     assert_ne!(point_id("a", 0), point_id("a", 1));
     assert_ne!(point_id("a", 0), point_id("b", 0));
+}
+
+/// Tied candidates in any order fuse to the same ranking (RRF reads positions).
+#[test]
+fn the_fused_ranking_does_not_depend_on_the_order_of_tied_candidates() {
+    let dense = [(5, 0.9), (1, 0.7), (2, 0.7), (3, 0.7), (4, 0.1)];
+    let sparse = [(4, 3.0), (3, 2.0), (2, 2.0), (1, 2.0), (5, 1.0)];
+    let mut dense_swapped = dense;
+    dense_swapped.swap(1, 3);
+    let mut sparse_swapped = sparse;
+    sparse_swapped.swap(1, 3);
+    for method in [FusionMethod::Rrf, FusionMethod::Dbsf] {
+        let f = Fusion {
+            method,
+            dense_weight: 3.0,
+            ..Default::default()
+        };
+        let a = f.fuse(&dense, &sparse);
+        assert_eq!(a, f.fuse(&dense_swapped, &sparse_swapped), "{method:?}");
+        assert_eq!(a, f.fuse(&dense_swapped, &sparse), "{method:?}");
+        assert_eq!(a.len(), 5);
+    }
+    // RRF: the positions follow the ids among ties, so 1 ranks before 3 in the dense list
+    let f = Fusion {
+        method: FusionMethod::Rrf,
+        dense_weight: 3.0,
+        ..Default::default()
+    };
+    let fused = f.fuse(&dense_swapped, &sparse_swapped);
+    let score = |id| fused.iter().find(|p| p.0 == id).map(|p| p.1);
+    let expect = |dpos: f32, spos: f32| {
+        1.0 / (dpos / 3.0 + f.rrf_k as f32 - 1.0) + 1.0 / (spos + f.rrf_k as f32 - 1.0)
+    };
+    assert_eq!(score(1), Some(expect(2.0, 2.0)));
+    assert_eq!(score(3), Some(expect(4.0, 4.0)));
 }
 
 #[test]
