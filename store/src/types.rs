@@ -289,7 +289,7 @@ impl Fusion {
             match self.method {
                 FusionMethod::Dbsf => {
                     let (lo, hi) = dbsf_range(list);
-                    for &(id, score) in list.iter() {
+                    for &(id, score) in list {
                         let norm = if lo == hi {
                             0.5
                         } else {
